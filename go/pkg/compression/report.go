@@ -1,0 +1,107 @@
+package compression
+
+import "kvlib/pkg/safetensors"
+
+// Report is the JSON object kv-compress prints: the design documents'
+// CompressionMetrics plus the settings, sizes and per-tensor metrics.
+// Overall metrics pool every element of every tensor.
+type Report struct {
+	Command       string `json:"command"`
+	Input         string `json:"input"`
+	Output        string `json:"output,omitempty"`
+	Format        string `json:"format"`
+	FormatVersion int    `json:"format_version"`
+
+	Bits      int     `json:"bits"`
+	GroupSize int     `json:"group_size"`
+	Sparsity  float64 `json:"sparsity"`
+
+	NumTensors  int   `json:"num_tensors"`
+	NumElements int64 `json:"num_elements"`
+	// OriginalSizeBytes is the cache at FP16 (2 bytes an element), the
+	// baseline of CompressionRatio; SourceSizeBytes is the uncompressed
+	// cache in its own dtypes (F32 caches: twice OriginalSizeBytes).
+	OriginalSizeBytes   int64   `json:"original_size_bytes"`
+	SourceSizeBytes     int64   `json:"source_size_bytes"`
+	CompressedSizeBytes int64   `json:"compressed_size_bytes"` // packed codes + FP16 scales
+	CompressedFileBytes int64   `json:"compressed_file_bytes"` // the whole compressed safetensors file
+	CompressionRatio    float64 `json:"compression_ratio"`
+	BitsPerElement      float64 `json:"bits_per_element"`
+
+	RMSE             Float       `json:"rmse"`
+	SNRDB            Float       `json:"snr_db"`
+	CosineSimilarity Float       `json:"cosine_similarity"`
+	MaxError         Float       `json:"max_error"`
+	QualityLevel     string      `json:"quality_level"`
+	Passed           bool        `json:"passed"`
+	Violations       []string    `json:"violations"`
+	Thresholds       *Thresholds `json:"thresholds,omitempty"`
+
+	ProcessingTimeMS float64 `json:"processing_time_ms"` // the whole command, I/O included
+	CodecTimeMS      float64 `json:"codec_time_ms"`      // quantize, pack, measure (and restore)
+
+	ErrorHistogramEdges []float64      `json:"error_histogram_edges"`
+	Tensors             []TensorReport `json:"tensors"`
+}
+
+// TensorReport holds one tensor's metrics. The Head* slices split it along
+// axis 1, the KV head of a [batch, heads, seq, head_dim] cache.
+type TensorReport struct {
+	Name             string            `json:"name"`
+	DType            safetensors.DType `json:"dtype"`
+	Shape            []int             `json:"shape"`
+	NumElements      int64             `json:"num_elements"`
+	RMSE             Float             `json:"rmse"`
+	SNRDB            Float             `json:"snr_db"`
+	CosineSimilarity Float             `json:"cosine_similarity"`
+	MaxError         Float             `json:"max_error"`
+	QualityLevel     string            `json:"quality_level"`
+	Passed           bool              `json:"passed"`
+	ErrorHistogram   []int64           `json:"error_histogram"`
+	HeadRMSE         []Float           `json:"head_rmse"`
+	HeadSNRDB        []Float           `json:"head_snr_db"`
+}
+
+func newReport(opt Options) *Report {
+	return &Report{
+		Format: FormatName, FormatVersion: FormatVersion,
+		Bits: opt.Bits, GroupSize: opt.GroupSize, Sparsity: opt.Sparsity,
+		Thresholds: &opt.Thresholds, Violations: []string{},
+		ErrorHistogramEdges: HistogramEdges(), Tensors: []TensorReport{},
+	}
+}
+
+func (r *Report) addTensor(t *safetensors.Tensor, acc *Accumulator, heads []Accumulator, th Thresholds) {
+	tr := TensorReport{
+		Name: t.Name, DType: t.DType, Shape: t.Shape, NumElements: acc.N,
+		RMSE: Float(acc.RMSE()), SNRDB: Float(acc.SNRDB()),
+		CosineSimilarity: Float(acc.Cosine()), MaxError: Float(acc.MaxError),
+		QualityLevel:   QualityLevel(acc.RMSE(), acc.SNRDB()),
+		Passed:         len(th.Violations(acc)) == 0,
+		ErrorHistogram: append([]int64(nil), acc.Hist[:]...),
+	}
+	for h := range heads {
+		tr.HeadRMSE = append(tr.HeadRMSE, Float(heads[h].RMSE()))
+		tr.HeadSNRDB = append(tr.HeadSNRDB, Float(heads[h].SNRDB()))
+	}
+	r.Tensors = append(r.Tensors, tr)
+}
+
+func (r *Report) finish(total *Accumulator, th Thresholds) {
+	r.NumTensors = len(r.Tensors)
+	r.NumElements = total.N
+	r.OriginalSizeBytes = 2 * total.N
+	if r.CompressedSizeBytes > 0 {
+		r.CompressionRatio = float64(r.OriginalSizeBytes) / float64(r.CompressedSizeBytes)
+	}
+	if total.N > 0 {
+		r.BitsPerElement = 8 * float64(r.CompressedSizeBytes) / float64(total.N)
+	}
+	r.RMSE = Float(total.RMSE())
+	r.SNRDB = Float(total.SNRDB())
+	r.CosineSimilarity = Float(total.Cosine())
+	r.MaxError = Float(total.MaxError)
+	r.QualityLevel = QualityLevel(total.RMSE(), total.SNRDB())
+	r.Violations = th.Violations(total)
+	r.Passed = len(r.Violations) == 0
+}

@@ -1,0 +1,120 @@
+package safetensors
+
+import (
+	"encoding/binary"
+	"math"
+)
+
+// FP16ToFloat32 converts IEEE 754 binary16 bits to float32 (exactly).
+func FP16ToFloat32(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h & 0x3ff)
+	switch {
+	case exp == 0x1f: // Inf or NaN
+		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
+	case exp != 0: // normal
+		return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
+	case mant == 0: // signed zero
+		return math.Float32frombits(sign)
+	}
+	// subnormal: mant * 2^-24, exact in float32
+	f := float32(mant) * (1.0 / (1 << 24))
+	if sign != 0 {
+		return -f
+	}
+	return f
+}
+
+// Float32ToFP16 converts float32 to binary16 bits, rounding to nearest even.
+// Values too large for FP16 become ±Inf; NaN stays NaN.
+func Float32ToFP16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	mant := b & 0x7fffff
+	if exp == 0xff {
+		if mant != 0 {
+			return sign | 0x7e00 // quiet NaN
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00 // overflow
+	}
+	if e <= 0 {
+		// subnormal or zero in FP16: shift the full significand right.
+		if e < -10 {
+			return sign // rounds to zero
+		}
+		m := mant | 0x800000
+		shift := uint32(14 - e) // 24-bit significand down to 10-e bits
+		half := uint32(1) << (shift - 1)
+		r := m >> shift
+		rem := m & (1<<shift - 1)
+		if rem > half || (rem == half && r&1 == 1) {
+			r++
+		}
+		return sign | uint16(r) // r may carry into the exponent: still correct
+	}
+	r := uint32(e)<<10 | mant>>13
+	rem := mant & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && r&1 == 1) {
+		r++ // a carry into the exponent is correct, up to Inf
+	}
+	return sign | uint16(r)
+}
+
+// BF16ToFloat32 converts bfloat16 bits to float32 (exactly).
+func BF16ToFloat32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// Float32ToBF16 converts float32 to bfloat16 bits, rounding to nearest even.
+func Float32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 {
+		return uint16(b>>16) | 0x40 // quiet NaN
+	}
+	b += 0x7fff + (b>>16)&1
+	return uint16(b >> 16)
+}
+
+// DecodeFloat32s decodes little-endian src of dtype dt into dst.
+func DecodeFloat32s(dst []float32, src []byte, dt DType) {
+	switch dt {
+	case F32:
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	case F16:
+		for i := range dst {
+			dst[i] = FP16ToFloat32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	case BF16:
+		for i := range dst {
+			dst[i] = BF16ToFloat32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	default:
+		panic("safetensors: DecodeFloat32s of " + string(dt))
+	}
+}
+
+// EncodeFloat32s encodes src as little-endian dtype dt into dst.
+func EncodeFloat32s(dst []byte, src []float32, dt DType) {
+	switch dt {
+	case F32:
+		for i, v := range src {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case F16:
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], Float32ToFP16(v))
+		}
+	case BF16:
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], Float32ToBF16(v))
+		}
+	default:
+		panic("safetensors: EncodeFloat32s to " + string(dt))
+	}
+}

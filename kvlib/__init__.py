@@ -1,0 +1,1 @@
+"""kvlib: does a KV-cache compression keep the model's quality?"""
