@@ -52,16 +52,12 @@ func HistogramEdges() []float64 {
 	return edges
 }
 
-func histBin(absErr float64) int {
-	if absErr < 0x1p-20 {
-		return 0
-	}
-	exp := int(math.Float64bits(absErr)>>52&0x7ff) - 1023
-	b := exp - HistMinExp + 1
-	if b >= HistBins {
-		return HistBins - 1
-	}
-	return b
+// histBin finds the bin of |e| from the exponent of its float32 bits
+// (sign bit clear); rounding e to float32 only moves an error that lies
+// within half an ulp of a bin edge.
+func histBin(absBits uint32) int {
+	exp := int(absBits>>23) - 127
+	return min(max(exp-HistMinExp+1, 0), HistBins-1)
 }
 
 // Accumulator gathers the sums that the metrics are made of. Pooling two
@@ -79,30 +75,27 @@ type Accumulator struct {
 // Add accumulates the pairs (x[i], y[i]).
 func (a *Accumulator) Add(x, y []float32) {
 	y = y[:len(x)]
-	var sx2, sy2, sxy, se2, maxe float64
+	var sx2, sy2, sxy, se2 float64
+	var maxe uint32 // bits of the largest |e|, compared as integers (branch-free)
+	hist := &a.Hist
 	for i, xv := range x {
-		xf, yf := float64(xv), float64(y[i])
-		e := yf - xf
+		yv := y[i]
+		xf, yf := float64(xv), float64(yv)
+		e := yf - xf // exact: both are float32
 		sx2 += xf * xf
 		sy2 += yf * yf
 		sxy += xf * yf
 		se2 += e * e
-		if e < 0 {
-			e = -e
-		}
-		if e > maxe {
-			maxe = e
-		}
-		a.Hist[histBin(e)]++
+		ae := math.Float32bits(float32(e)) & 0x7fffffff
+		maxe = max(maxe, ae)
+		hist[histBin(ae)]++
 	}
 	a.N += int64(len(x))
 	a.SumX2 += sx2
 	a.SumY2 += sy2
 	a.SumXY += sxy
 	a.SumE2 += se2
-	if maxe > a.MaxError {
-		a.MaxError = maxe
-	}
+	a.MaxError = max(a.MaxError, float64(math.Float32frombits(maxe)))
 }
 
 // Merge adds b's sums to a.

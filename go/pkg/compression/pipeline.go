@@ -2,6 +2,7 @@ package compression
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -42,7 +43,8 @@ type Result struct {
 // Compress quantizes every tensor of src (all must be F32, F16 or BF16 and
 // finite), packs the codes, and measures the reconstruction against src.
 // With restore it also returns the reconstruction, bit-identical to
-// Decompress(result.Compressed).
+// Decompress(result.Compressed). Work is spread over goroutines in chunks
+// of whole groups taken from all tensors at once.
 func Compress(src *safetensors.File, opt Options, restore bool) (*Result, error) {
 	if err := CheckParams(opt.Bits, opt.GroupSize); err != nil {
 		return nil, err
@@ -53,6 +55,37 @@ func Compress(src *safetensors.File, opt Options, restore bool) (*Result, error)
 	if IsCompressed(src) {
 		return nil, fmt.Errorf("already kvq-compressed (metadata %q); use decompress", metaFormat)
 	}
+	jobs := make([]*tensorJob, len(src.Tensors))
+	var tasks []task
+	for i := range src.Tensors {
+		t := &src.Tensors[i]
+		if !t.DType.IsFloat() {
+			return nil, fmt.Errorf("tensor %q: dtype %s is not F32, F16 or BF16", t.Name, t.DType)
+		}
+		jobs[i] = newTensorJob(t, opt, restore)
+		for c := range jobs[i].accs {
+			tasks = append(tasks, task{i, c})
+		}
+	}
+	if opt.Sparsity > 0 {
+		err := forEach(len(jobs), opt.workers(), func(_, i int) error { return jobs[i].sparsify(opt.Sparsity) })
+		if err != nil {
+			return nil, err
+		}
+	}
+	cl := chunkLen(opt.GroupSize)
+	workers := opt.workers()
+	scratch := make([]chunkScratch, workers)
+	err := forEach(len(tasks), workers, func(w, k int) error {
+		if scratch[w].x == nil {
+			scratch[w] = chunkScratch{x: make([]float32, cl), y: make([]float32, cl), q: make([]int8, cl)}
+		}
+		return jobs[tasks[k].tensor].compressChunk(tasks[k].chunk, &scratch[w])
+	})
+	if err != nil {
+		return nil, err
+	}
+
 	hdr := &Header{Bits: opt.Bits, GroupSize: opt.GroupSize, Sparsity: opt.Sparsity, Source: src.Metadata}
 	out := &safetensors.File{}
 	var restored *safetensors.File
@@ -61,23 +94,21 @@ func Compress(src *safetensors.File, opt Options, restore bool) (*Result, error)
 	}
 	rep := newReport(opt)
 	var total Accumulator
-	for i := range src.Tensors {
-		t := &src.Tensors[i]
-		if !t.DType.IsFloat() {
-			return nil, fmt.Errorf("tensor %q: dtype %s is not F32, F16 or BF16", t.Name, t.DType)
+	for _, j := range jobs {
+		heads := j.heads()
+		var acc Accumulator
+		for h := range heads {
+			acc.Merge(&heads[h])
 		}
-		enc, acc, heads, rest, err := compressTensor(t, opt, restore)
-		if err != nil {
-			return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
-		}
-		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: t.Name, DType: t.DType, Shape: t.Shape})
+		total.Merge(&acc)
+		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.t.Name, DType: j.t.DType, Shape: j.t.Shape})
+		enc := j.encoded()
 		out.Tensors = append(out.Tensors, enc...)
 		if restore {
-			restored.Tensors = append(restored.Tensors, rest)
+			restored.Tensors = append(restored.Tensors, j.restored)
 		}
-		total.Merge(acc)
-		rep.addTensor(t, acc, heads, opt.Thresholds)
-		rep.SourceSizeBytes += int64(len(t.Data))
+		rep.addTensor(j.t, &acc, heads, opt.Thresholds)
+		rep.SourceSizeBytes += int64(len(j.t.Data))
 		rep.CompressedSizeBytes += int64(len(enc[0].Data) + len(enc[1].Data))
 	}
 	out.Metadata = hdr.metadata()
@@ -88,6 +119,129 @@ func Compress(src *safetensors.File, opt Options, restore bool) (*Result, error)
 	}
 	rep.CompressedFileBytes = size
 	return &Result{Compressed: out, Restored: restored, Report: rep}, nil
+}
+
+type task struct{ tensor, chunk int }
+
+type chunkScratch struct {
+	x, y []float32
+	q    []int8
+}
+
+// tensorJob holds one tensor's inputs, outputs and per-chunk sums.
+type tensorJob struct {
+	t           *safetensors.Tensor
+	bits, group int
+	n, cl       int
+	nheads      int
+	inner       int
+	sparse      []float32 // the sparsified tensor, when sparsity > 0
+	codes       []byte
+	scales      []uint16
+	restored    safetensors.Tensor
+	restore     bool
+	accs        [][]Accumulator // per chunk, per head
+}
+
+func newTensorJob(t *safetensors.Tensor, opt Options, restore bool) *tensorJob {
+	n := t.NumElements()
+	j := &tensorJob{t: t, bits: opt.Bits, group: opt.GroupSize, n: n, cl: chunkLen(opt.GroupSize), restore: restore}
+	j.nheads, j.inner = geometry(t.Shape)
+	j.codes = make([]byte, PackedLen(n, opt.Bits))
+	j.scales = make([]uint16, (n+opt.GroupSize-1)/opt.GroupSize)
+	j.accs = make([][]Accumulator, (n+j.cl-1)/j.cl)
+	if restore {
+		j.restored = safetensors.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: make([]byte, len(t.Data))}
+	}
+	return j
+}
+
+func (j *tensorJob) sparsify(p float64) error {
+	x, err := j.t.Float32s(nil)
+	if err != nil {
+		return err
+	}
+	if i := firstNonFinite(x); i >= 0 {
+		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.t.Name, i, x[i], ErrNotFinite)
+	}
+	if err := Sparsify(x, p); err != nil {
+		return fmt.Errorf("tensor %q: %w", j.t.Name, err)
+	}
+	j.sparse = x
+	return nil
+}
+
+// firstNonFinite returns the index of the first NaN or Inf in x, or -1.
+func firstNonFinite(x []float32) int {
+	for i, v := range x {
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+			return i
+		}
+	}
+	return -1
+}
+
+// compressChunk quantizes, packs, restores and measures chunk c.
+func (j *tensorJob) compressChunk(c int, s *chunkScratch) error {
+	lo, hi := c*j.cl, min(j.n, (c+1)*j.cl)
+	esz := j.t.DType.Size()
+	x, y, q := s.x[:hi-lo], s.y[:hi-lo], s.q[:hi-lo]
+	safetensors.DecodeFloat32s(x, j.t.Data[lo*esz:hi*esz], j.t.DType)
+	xq := x
+	if j.sparse != nil {
+		xq = j.sparse[lo:hi]
+	}
+	g := j.group
+	for gs := 0; gs < len(x); gs += g {
+		ge := min(gs+g, len(x))
+		h, err := QuantizeGroup(xq[gs:ge], j.bits, q[gs:ge])
+		if errors.Is(err, ErrNotFinite) {
+			i := gs + firstNonFinite(x[gs:ge])
+			return fmt.Errorf("tensor %q: element %d is %v (%w)", j.t.Name, lo+i, x[i], err)
+		}
+		if err != nil {
+			return fmt.Errorf("tensor %q: group %d: %w", j.t.Name, (lo+gs)/g, err)
+		}
+		j.scales[(lo+gs)/g] = h
+		DequantizeGroup(y[gs:ge], q[gs:ge], h)
+	}
+	Pack(j.codes[lo*j.bits/8:PackedLen(hi, j.bits)], q, j.bits)
+	roundToDType(y, j.t.DType)
+	if j.restore {
+		safetensors.EncodeFloat32s(j.restored.Data[lo*esz:hi*esz], y, j.t.DType)
+	}
+	accs := make([]Accumulator, j.nheads)
+	for i := lo; i < hi; {
+		seg := i / j.inner
+		end := min(hi, (seg+1)*j.inner)
+		accs[seg%j.nheads].Add(x[i-lo:end-lo], y[i-lo:end-lo])
+		i = end
+	}
+	j.accs[c] = accs
+	return nil
+}
+
+// heads merges the chunks' sums per head, in chunk order, so the floating
+// point sums do not depend on how goroutines were scheduled.
+func (j *tensorJob) heads() []Accumulator {
+	heads := make([]Accumulator, j.nheads)
+	for _, accs := range j.accs {
+		for h := range accs {
+			heads[h].Merge(&accs[h])
+		}
+	}
+	return heads
+}
+
+func (j *tensorJob) encoded() []safetensors.Tensor {
+	scaleBytes := make([]byte, 2*len(j.scales))
+	for i, s := range j.scales {
+		binary.LittleEndian.PutUint16(scaleBytes[2*i:], s)
+	}
+	return []safetensors.Tensor{
+		{Name: j.t.Name + CodesSuffix, DType: safetensors.U8, Shape: []int{len(j.codes)}, Data: j.codes},
+		{Name: j.t.Name + ScalesSuffix, DType: safetensors.F16, Shape: []int{len(j.scales)}, Data: scaleBytes},
+	}
 }
 
 // geometry splits a tensor along axis 1 (the KV head of a [batch, heads,
@@ -114,30 +268,29 @@ func product(shape []int) int {
 // chunkLen is the elements one goroutine takes at a time: whole groups, and
 // a multiple of 8 groups so that every chunk's codes start on a byte.
 func chunkLen(groupSize int) int {
-	groups := max(8, (1<<16)/groupSize/8*8)
+	groups := max(8, (1<<14)/groupSize/8*8)
 	return groups * groupSize
 }
 
-// forChunks runs fn(worker, chunk) over n chunks on the given goroutines
-// and returns the first error.
-func forChunks(n, workers int, fn func(worker, chunk int) error) error {
+// forEach runs fn(worker, i) for i in [0, n) on the given goroutines and
+// returns the error of the lowest i that failed, so errors are deterministic.
+func forEach(n, workers int, fn func(worker, i int) error) error {
 	workers = max(1, min(workers, n))
 	var next atomic.Int64
+	var failed atomic.Bool
 	var wg sync.WaitGroup
-	errs := make([]error, workers)
+	errs := make([]error, n)
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			for {
-				c := int(next.Add(1)) - 1
-				if c >= n {
+			for !failed.Load() {
+				i := int(next.Add(1)) - 1
+				if i >= n {
 					return
 				}
-				if err := fn(w, c); err != nil {
-					errs[w] = err
-					next.Store(int64(n))
-					return
+				if errs[i] = fn(w, i); errs[i] != nil {
+					failed.Store(true)
 				}
 			}
 		}(w)
@@ -149,101 +302,6 @@ func forChunks(n, workers int, fn func(worker, chunk int) error) error {
 		}
 	}
 	return nil
-}
-
-func compressTensor(t *safetensors.Tensor, opt Options, restore bool) (enc []safetensors.Tensor, total *Accumulator, heads []Accumulator, rest safetensors.Tensor, err error) {
-	n := t.NumElements()
-	bits, g := opt.Bits, opt.GroupSize
-	cl := chunkLen(g)
-	nchunks := (n + cl - 1) / cl
-	workers := opt.workers()
-
-	x := make([]float32, n)
-	err = forChunks(nchunks, workers, func(_, c int) error {
-		lo, hi := c*cl, min(n, (c+1)*cl)
-		esz := t.DType.Size()
-		safetensors.DecodeFloat32s(x[lo:hi], t.Data[lo*esz:hi*esz], t.DType)
-		for i := lo; i < hi; i++ {
-			if v := x[i]; math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-				return fmt.Errorf("element %d is %v (NaN and Inf cannot be quantized)", i, v)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return
-	}
-	xq := x // what gets quantized
-	if opt.Sparsity > 0 {
-		xq = append([]float32(nil), x...)
-		if err = Sparsify(xq, opt.Sparsity); err != nil {
-			return
-		}
-	}
-
-	codes := make([]byte, PackedLen(n, bits))
-	groups := (n + g - 1) / g
-	scales := make([]uint16, groups)
-	if restore {
-		rest = safetensors.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: make([]byte, len(t.Data))}
-	}
-	nh, inner := geometry(t.Shape)
-	perChunk := make([][]Accumulator, nchunks)
-	qbuf := make([][]int8, workers)
-	ybuf := make([][]float32, workers)
-	err = forChunks(nchunks, workers, func(w, c int) error {
-		if qbuf[w] == nil {
-			qbuf[w], ybuf[w] = make([]int8, cl), make([]float32, cl)
-		}
-		lo, hi := c*cl, min(n, (c+1)*cl)
-		q, y := qbuf[w][:hi-lo], ybuf[w][:hi-lo]
-		for gs := lo; gs < hi; gs += g {
-			ge := min(gs+g, hi)
-			h, err := QuantizeGroup(xq[gs:ge], bits, q[gs-lo:ge-lo])
-			if err != nil {
-				return fmt.Errorf("group %d: %w", gs/g, err)
-			}
-			scales[gs/g] = h
-			DequantizeGroup(y[gs-lo:ge-lo], q[gs-lo:ge-lo], h)
-		}
-		Pack(codes[lo*bits/8:PackedLen(hi, bits)], q, bits)
-		roundToDType(y, t.DType)
-		if restore {
-			esz := t.DType.Size()
-			safetensors.EncodeFloat32s(rest.Data[lo*esz:hi*esz], y, t.DType)
-		}
-		accs := make([]Accumulator, nh)
-		for i := lo; i < hi; {
-			seg := i / inner
-			end := min(hi, (seg+1)*inner)
-			accs[seg%nh].Add(x[i:end], y[i-lo:end-lo])
-			i = end
-		}
-		perChunk[c] = accs
-		return nil
-	})
-	if err != nil {
-		return
-	}
-	heads = make([]Accumulator, nh)
-	for _, accs := range perChunk { // in chunk order: sums are deterministic
-		for h := range accs {
-			heads[h].Merge(&accs[h])
-		}
-	}
-	total = &Accumulator{}
-	for h := range heads {
-		total.Merge(&heads[h])
-	}
-	scaleBytes := make([]byte, 2*groups)
-	for i, s := range scales {
-		binary.LittleEndian.PutUint16(scaleBytes[2*i:], s)
-	}
-	enc = []safetensors.Tensor{
-		{Name: t.Name + CodesSuffix, DType: safetensors.U8, Shape: []int{len(codes)}, Data: codes},
-		{Name: t.Name + ScalesSuffix, DType: safetensors.F16, Shape: []int{groups}, Data: scaleBytes},
-	}
-	return
 }
 
 // roundToDType rounds float32 values to what dtype dt can hold, so metrics
@@ -274,36 +332,38 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 	out := &safetensors.File{Metadata: hdr.Source}
 	bits, g := hdr.Bits, hdr.GroupSize
 	cl := chunkLen(g)
-	for _, ti := range hdr.Tensors {
-		codes, scales := src.Tensor(ti.Name+CodesSuffix), src.Tensor(ti.Name+ScalesSuffix)
+	var tasks []task
+	for i, ti := range hdr.Tensors {
 		n := ti.NumElements()
-		esz := ti.DType.Size()
-		rest := safetensors.Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Data: make([]byte, n*esz)}
-		nchunks := (n + cl - 1) / cl
-		qbuf := make([][]int8, workers)
-		ybuf := make([][]float32, workers)
-		err := forChunks(nchunks, workers, func(w, c int) error {
-			if qbuf[w] == nil {
-				qbuf[w], ybuf[w] = make([]int8, cl), make([]float32, cl)
-			}
-			lo, hi := c*cl, min(n, (c+1)*cl)
-			q, y := qbuf[w][:hi-lo], ybuf[w][:hi-lo]
-			Unpack(q, codes.Data[lo*bits/8:PackedLen(hi, bits)], bits)
-			for gs := lo; gs < hi; gs += g {
-				ge := min(gs+g, hi)
-				h := binary.LittleEndian.Uint16(scales.Data[2*(gs/g):])
-				if h&0x7c00 == 0x7c00 {
-					return fmt.Errorf("group %d: scale is not finite", gs/g)
-				}
-				DequantizeGroup(y[gs-lo:ge-lo], q[gs-lo:ge-lo], h)
-			}
-			safetensors.EncodeFloat32s(rest.Data[lo*esz:hi*esz], y, ti.DType)
-			return nil
-		})
-		if err != nil {
-			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+		out.Tensors = append(out.Tensors, safetensors.Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Data: make([]byte, n*ti.DType.Size())})
+		for c := 0; c*cl < n; c++ {
+			tasks = append(tasks, task{i, c})
 		}
-		out.Tensors = append(out.Tensors, rest)
+	}
+	scratch := make([]chunkScratch, workers)
+	err = forEach(len(tasks), workers, func(w, k int) error {
+		if scratch[w].y == nil {
+			scratch[w] = chunkScratch{y: make([]float32, cl), q: make([]int8, cl)}
+		}
+		ti, rest := hdr.Tensors[tasks[k].tensor], &out.Tensors[tasks[k].tensor]
+		codes, scales := src.Tensor(ti.Name+CodesSuffix), src.Tensor(ti.Name+ScalesSuffix)
+		n, esz := ti.NumElements(), ti.DType.Size()
+		lo, hi := tasks[k].chunk*cl, min(n, (tasks[k].chunk+1)*cl)
+		q, y := scratch[w].q[:hi-lo], scratch[w].y[:hi-lo]
+		Unpack(q, codes.Data[lo*bits/8:PackedLen(hi, bits)], bits)
+		for gs := lo; gs < hi; gs += g {
+			ge := min(gs+g, hi)
+			h := binary.LittleEndian.Uint16(scales.Data[2*(gs/g):])
+			if h&0x7c00 == 0x7c00 {
+				return fmt.Errorf("tensor %q: group %d: scale is not finite", ti.Name, gs/g)
+			}
+			DequantizeGroup(y[gs-lo:ge-lo], q[gs-lo:ge-lo], h)
+		}
+		safetensors.EncodeFloat32s(rest.Data[lo*esz:hi*esz], y, ti.DType)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	return out, hdr, nil
 }

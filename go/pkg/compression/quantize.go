@@ -3,6 +3,7 @@ package compression
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"kvlib/pkg/safetensors"
 )
@@ -15,6 +16,9 @@ const (
 
 // ErrScaleOverflow reports a group whose scale does not fit in FP16.
 var ErrScaleOverflow = errors.New("group scale overflows FP16")
+
+// ErrNotFinite reports a NaN or Inf in a group.
+var ErrNotFinite = errors.New("NaN or Inf cannot be quantized")
 
 // CheckParams validates a code width and group size.
 func CheckParams(bits, groupSize int) error {
@@ -32,19 +36,21 @@ func CheckParams(bits, groupSize int) error {
 const roundMagic = float32(1 << 23 * 1.5)
 
 // QuantizeGroup quantizes one group x into codes (len(x) values) and
-// returns the FP16 bits of its scale.
+// returns the FP16 bits of its scale. A NaN or Inf in x is ErrNotFinite.
 func QuantizeGroup(x []float32, bits int, codes []int8) (uint16, error) {
-	qmax := float32(int(1)<<(bits-1) - 1)
-	qmin := -qmax - 1
-	var amax float32
+	iqmax := int32(1)<<(bits-1) - 1
+	iqmin := -iqmax - 1
+	qmax := float32(iqmax)
+	// max |x| on the bits: for non-negative floats the bit patterns order
+	// like the values, and integer max is branch-free (signs are random).
+	var abits uint32
 	for _, v := range x {
-		if v < 0 {
-			v = -v
-		}
-		if v > amax {
-			amax = v
-		}
+		abits = max(abits, math.Float32bits(v)&0x7fffffff)
 	}
+	if abits >= 0x7f800000 { // Inf's bits and above: Inf or NaN
+		return 0, ErrNotFinite
+	}
+	amax := math.Float32frombits(abits)
 	h := safetensors.Float32ToFP16(amax / qmax)
 	if h&0x7c00 == 0x7c00 {
 		return 0, fmt.Errorf("%w (max |x| = %g)", ErrScaleOverflow, amax)
@@ -59,13 +65,8 @@ func QuantizeGroup(x []float32, bits int, codes []int8) (uint16, error) {
 	}
 	for i, v := range x {
 		// |v/s| <= qmax * (scale/s) stays far below 2^22, where roundMagic is exact.
-		q := (v/s + roundMagic) - roundMagic
-		if q > qmax {
-			q = qmax
-		} else if q < qmin {
-			q = qmin
-		}
-		codes[i] = int8(q)
+		q := int32((v/s + roundMagic) - roundMagic)
+		codes[i] = int8(min(max(q, iqmin), iqmax)) // integer clamp: branch-free
 	}
 	return h, nil
 }

@@ -83,16 +83,19 @@ func Float32ToBF16(f float32) uint16 {
 func DecodeFloat32s(dst []float32, src []byte, dt DType) {
 	switch dt {
 	case F32:
+		src = src[:4*len(dst)] // one bounds check for the loop
 		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i : 4*i+4]))
 		}
 	case F16:
+		src = src[:2*len(dst)]
 		for i := range dst {
-			dst[i] = FP16ToFloat32(binary.LittleEndian.Uint16(src[2*i:]))
+			dst[i] = FP16ToFloat32(binary.LittleEndian.Uint16(src[2*i : 2*i+2]))
 		}
 	case BF16:
+		src = src[:2*len(dst)]
 		for i := range dst {
-			dst[i] = BF16ToFloat32(binary.LittleEndian.Uint16(src[2*i:]))
+			dst[i] = BF16ToFloat32(binary.LittleEndian.Uint16(src[2*i : 2*i+2]))
 		}
 	default:
 		panic("safetensors: DecodeFloat32s of " + string(dt))
@@ -103,16 +106,19 @@ func DecodeFloat32s(dst []float32, src []byte, dt DType) {
 func EncodeFloat32s(dst []byte, src []float32, dt DType) {
 	switch dt {
 	case F32:
+		dst = dst[:4*len(src)]
 		for i, v := range src {
-			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+			binary.LittleEndian.PutUint32(dst[4*i:4*i+4], math.Float32bits(v))
 		}
 	case F16:
+		dst = dst[:2*len(src)]
 		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], Float32ToFP16(v))
+			binary.LittleEndian.PutUint16(dst[2*i:2*i+2], Float32ToFP16(v))
 		}
 	case BF16:
+		dst = dst[:2*len(src)]
 		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], Float32ToBF16(v))
+			binary.LittleEndian.PutUint16(dst[2*i:2*i+2], Float32ToBF16(v))
 		}
 	default:
 		panic("safetensors: EncodeFloat32s to " + string(dt))
