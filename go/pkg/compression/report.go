@@ -37,6 +37,10 @@ type Report struct {
 	Violations       []string    `json:"violations"`
 	Thresholds       *Thresholds `json:"thresholds,omitempty"`
 
+	// Sums are the raw sums behind the metrics, so that results of several
+	// runs (one per perplexity window) can be pooled exactly.
+	Sums *Sums `json:"sums,omitempty"`
+
 	ProcessingTimeMS float64 `json:"processing_time_ms"` // the whole command, I/O included
 	CodecTimeMS      float64 `json:"codec_time_ms"`      // quantize, pack, measure (and restore)
 
@@ -60,6 +64,22 @@ type TensorReport struct {
 	ErrorHistogram   []int64           `json:"error_histogram"`
 	HeadRMSE         []Float           `json:"head_rmse"`
 	HeadSNRDB        []Float           `json:"head_snr_db"`
+	Sums             Sums              `json:"sums"`
+	HeadSums         []Sums            `json:"head_sums"`
+}
+
+// Sums is an Accumulator's sums in JSON form.
+type Sums struct {
+	N        int64   `json:"n"`
+	SumX2    float64 `json:"sum_x2"`
+	SumY2    float64 `json:"sum_y2"`
+	SumXY    float64 `json:"sum_xy"`
+	SumE2    float64 `json:"sum_e2"`
+	MaxError float64 `json:"max_error"`
+}
+
+func sumsOf(a *Accumulator) Sums {
+	return Sums{N: a.N, SumX2: a.SumX2, SumY2: a.SumY2, SumXY: a.SumXY, SumE2: a.SumE2, MaxError: a.MaxError}
 }
 
 func newReport(opt Options) *Report {
@@ -79,8 +99,10 @@ func (r *Report) addTensor(t *safetensors.Tensor, acc *Accumulator, heads []Accu
 		QualityLevel:   QualityLevel(acc.RMSE(), acc.SNRDB()),
 		Passed:         len(th.Violations(acc)) == 0,
 		ErrorHistogram: append([]int64(nil), acc.Hist[:]...),
+		Sums:           sumsOf(acc),
 	}
 	for h := range heads {
+		tr.HeadSums = append(tr.HeadSums, sumsOf(&heads[h]))
 		tr.HeadRMSE = append(tr.HeadRMSE, Float(heads[h].RMSE()))
 		tr.HeadSNRDB = append(tr.HeadSNRDB, Float(heads[h].SNRDB()))
 	}
@@ -97,6 +119,8 @@ func (r *Report) finish(total *Accumulator, th Thresholds) {
 	if total.N > 0 {
 		r.BitsPerElement = 8 * float64(r.CompressedSizeBytes) / float64(total.N)
 	}
+	sums := sumsOf(total)
+	r.Sums = &sums
 	r.RMSE = Float(total.RMSE())
 	r.SNRDB = Float(total.SNRDB())
 	r.CosineSimilarity = Float(total.Cosine())

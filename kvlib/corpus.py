@@ -1,0 +1,79 @@
+"""Choose and tokenize the evaluation text: WikiText-2 through ``datasets``
+when it can be reached, any local text file, or the embedded default
+(Python's own documentation, ``pydoc_data.topics``), which is on every
+machine and always works offline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EMBEDDED = "embedded"
+WIKITEXT = "wikitext-2-raw-v1"
+EMBEDDED_NAME = "Python documentation topics (pydoc_data.topics)"
+
+
+@dataclass
+class Corpus:
+    """Text to score, and where it came from."""
+
+    name: str
+    text: str
+
+
+def embedded_text() -> str:
+    """The bundled Python documentation topics, in a fixed (sorted) order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def load_corpus(
+    corpus: str = EMBEDDED,
+    dataset_name: str = "wikitext",
+    split: str = "test",
+) -> Corpus:
+    """Load ``corpus``: "embedded", a dataset config such as "wikitext-2-raw-v1", or a text file path.
+
+    A local file is used whole and unmodified; a ``datasets`` split is joined
+    with "\\n\\n" as in the Hugging Face perplexity guide.
+    """
+    if corpus == EMBEDDED:
+        return Corpus(EMBEDDED_NAME, embedded_text())
+    path = Path(corpus)
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        if not text.strip():
+            raise ValueError(f"{path}: corpus file is empty")
+        return Corpus(str(path), text)
+    if corpus.startswith(("wikitext-", "wikitext_")) or corpus == dataset_name:
+        return _load_dataset(dataset_name, corpus if corpus != dataset_name else WIKITEXT, split)
+    raise FileNotFoundError(
+        f"corpus {corpus!r} is neither 'embedded', a dataset config like '{WIKITEXT}', nor an existing text file"
+    )
+
+
+def _load_dataset(name: str, config: str, split: str) -> Corpus:
+    try:
+        from datasets import load_dataset
+
+        ds = load_dataset(name, config, split=split)
+    except Exception as e:  # offline: ConnectionError, DatasetNotFoundError, OSError...
+        raise RuntimeError(
+            f"cannot load {name}/{config} ({split}) through `datasets`: {type(e).__name__}: {str(e)[:300]}\n"
+            f"Offline alternatives: corpus='{EMBEDDED}' (Python docs, always available) or a local text file, "
+            f"e.g. the WikiText-2 validation text."
+        ) from None
+    return Corpus(f"{name}/{config} ({split})", "\n\n".join(ds["text"]))
+
+
+def tokenize(tokenizer: Any, corpus: Corpus) -> torch.Tensor:
+    """Token ids [1, N] of the whole text, with the tokenizer's default special tokens."""
+    ids = tokenizer(corpus.text, return_tensors="pt").input_ids
+    if ids.shape[1] < 2:
+        raise ValueError(f"corpus {corpus.name!r} tokenizes to {ids.shape[1]} token(s): nothing to score")
+    return ids
