@@ -1,0 +1,56 @@
+"""``kv-validate`` (also ``python -m kvlib``): run the validation from a shell.
+
+Exit status: 0 passed, 1 failed, 2 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvlib import corpus, models
+from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kv-validate", description="Does INT4 KV-cache compression keep the model's quality?")
+    p.add_argument("--quick-test", action="store_true", help="synthetic cache through kv-compress, no model")
+    p.add_argument("--cpu", action="store_true", help="force CPU even when CUDA is available")
+    p.add_argument("--threshold", type=float, default=KVQUANT_THRESHOLD, help="maximum perplexity delta (default 0.5)")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict")
+    p.add_argument("--model", default=models.EMBEDDED, help=f"'{models.EMBEDDED}' (SmolLM2-135M, offline) or an HF id, e.g. {models.TINYLLAMA}")
+    p.add_argument("--corpus", default=corpus.EMBEDDED, help=f"'{corpus.EMBEDDED}' (Python docs), '{corpus.WIKITEXT}' (datasets), or a text file")
+    p.add_argument("--bits", type=int, default=4, help="code width, 2-8")
+    p.add_argument("--group-size", type=int, default=64, help="elements per quantization group")
+    p.add_argument("--sparsity", type=float, default=0.0, help="fraction of smallest-magnitude elements zeroed")
+    p.add_argument("--stride", type=int, default=512, help="sliding-window stride")
+    p.add_argument("--max-windows", type=int, default=None, help="limit the number of windows (quick checks)")
+    p.add_argument("--context-length", type=int, default=None, help="window length (default min(2048, model context))")
+    p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.quick_test:
+            result = run_quick_test(verbose=not args.quiet, bits=args.bits, group_size=args.group_size)
+        else:
+            result = run_full_validation(
+                device="cpu" if args.cpu else None, threshold=args.threshold, verbose=not args.quiet,
+                model=args.model, corpus_name=args.corpus, bits=args.bits, group_size=args.group_size,
+                sparsity=args.sparsity, stride=args.stride, max_windows=args.max_windows,
+                context_length=args.context_length,
+            )
+    except Exception as e:  # a clear one-line error and exit 2, not a traceback
+        print(f"kv-validate: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        result.to_json(args.json)
+    if args.quiet:
+        print(result.verdict)
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

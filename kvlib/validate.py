@@ -1,0 +1,309 @@
+"""Step 4: the whole validation. Load a model, take and check its KV cache,
+send it through kv-compress, and compare perplexity with the exact cache
+against perplexity with the compressed one. Pass when the delta < threshold.
+
+The gate uses the delta over the windows whose targets attended to a
+compressed context: window 0 has none and would only dilute the delta.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvlib import bridge, cache, corpus, models
+from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics
+from kvlib.perplexity import evaluate_windows
+
+KVQUANT_THRESHOLD = 0.5
+
+
+@dataclass
+class ValidationResult:
+    """Outcome of one validation: the design documents' fields, then provenance and detail."""
+
+    baseline_perplexity: float
+    compressed_perplexity: float
+    delta: float  # compressed - baseline, over all scored tokens
+    delta_percent: float
+    compression_ratio: float
+    rmse: float
+    snr_db: float
+    cosine_similarity: float
+    passed: bool
+    threshold: float = KVQUANT_THRESHOLD
+    model: str = ""
+    corpus: str = ""
+    device: str = ""
+    bits: int = 4
+    group_size: int = 64
+    sparsity: float = 0.0
+    stride: int = 512
+    context_length: int = 0
+    windows: int = 0
+    scored_tokens: int = 0
+    context_windows: int = 0
+    context_scored_tokens: int = 0
+    context_baseline_perplexity: float = math.nan
+    context_compressed_perplexity: float = math.nan
+    context_delta: float = math.nan  # the gated delta: windows with a compressed context
+    max_error: float = math.nan
+    quality_level: str = ""
+    quality_passed: bool = False  # the CLI's RMSE/SNR/cosine gates (informational)
+    violations: list[str] = field(default_factory=list)
+    kv_geometry: dict[str, int] = field(default_factory=dict)
+    window_nlls: list[dict[str, Any]] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=dict)
+    compression: dict[str, Any] = field(default_factory=dict)  # pooled CLI metrics, per tensor included
+    verdict: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        """Write the result as JSON (NaN/Inf as null), atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(_finite(self.to_dict()), indent=1) + "\n"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _say(verbose: bool, *args: Any) -> None:
+    if verbose:
+        print(*args, flush=True)
+
+
+def run_full_validation(
+    device: str | None = None,
+    threshold: float = KVQUANT_THRESHOLD,
+    verbose: bool = True,
+    model: str = models.EMBEDDED,
+    corpus_name: str = corpus.EMBEDDED,
+    bits: int = 4,
+    group_size: int = 64,
+    sparsity: float = 0.0,
+    stride: int = 512,
+    max_windows: int | None = None,
+    context_length: int | None = None,
+    workdir: str | os.PathLike | None = None,
+    progress: bool | None = None,
+) -> ValidationResult:
+    """Run the six steps and return the result (see the module docstring for the gate)."""
+    bar = "=" * 60
+    t_start = time.perf_counter()
+    if not bridge.check_cli_available():
+        raise RuntimeError(f"Go CLI not found. {bridge.BUILD_HINT}")
+    device = device or cache.default_device()
+    text = corpus.load_corpus(corpus_name)  # a bad corpus fails before the slow model load
+    _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
+
+    _say(verbose, f"[1/6] Loading {models.model_display_name(model)}...")
+    t = time.perf_counter()
+    lm, tok = models.load_model_and_tokenizer(model, device=device)
+    geometry = cache.expected_geometry(lm.config)
+    name = models.model_display_name(model)
+    _say(verbose, f"    Model loaded on {device}\n    Config: {geometry['expected_layers']} layers, "
+                  f"{geometry['expected_kv_heads']} KV heads (GQA, {lm.config.num_attention_heads} query heads), "
+                  f"head_dim {geometry['expected_head_dim']}")
+    t_model = time.perf_counter() - t
+
+    _say(verbose, "[2/6] Generating KV cache...")
+    ids = corpus.tokenize(tok, text)
+    sample_text = tok.decode(ids[0, :256])
+    kv, meta = cache.extract_kv_cache(lm, tok, sample_text, max_length=256, device=device)
+    ok, problems = cache.validate_kv_cache_shape(kv, **geometry)
+    if not ok:
+        raise RuntimeError("KV cache does not match the model config: " + "; ".join(problems))
+    stats = cache.compute_kv_cache_stats(kv)
+    _say(verbose, f"    Generated: {meta.num_layers} layers, {meta.seq_len} tokens, {stats['total_mb']:.2f} MB "
+                  f"({meta.dtype}); shape matches the config")
+
+    own_tmp = None
+    if workdir is None:
+        own_tmp = tempfile.TemporaryDirectory(prefix="kvlib-")
+        workdir = own_tmp.name
+    try:
+        _say(verbose, "[3/6] Compressing KV cache with kv-compress...")
+        sample = Path(workdir) / "sample.safetensors"
+        cache.save_kv_cache(kv, sample, model_name=name)
+        sample_metrics = bridge.compress_kv_cache(sample, Path(workdir) / "sample.kvq.safetensors",
+                                                  group_size=group_size, sparsity=sparsity, bits=bits)
+        _say(verbose, f"    Sample ({meta.seq_len} tokens): ratio {sample_metrics.compression_ratio:.2f}x, "
+                      f"RMSE {sample_metrics.rmse:.6f}, SNR {sample_metrics.snr_db:.2f} dB")
+
+        _say(verbose, "[4/6] Loading reconstructed KV cache...")
+        bridge.decompress_kv_cache(Path(workdir) / "sample.kvq.safetensors", Path(workdir) / "sample.restored.safetensors")
+        restored, _ = cache.load_kv_cache(Path(workdir) / "sample.restored.safetensors", device=device)
+        ok, problems = cache.validate_kv_cache_shape(restored, **geometry)
+        if not ok:
+            raise RuntimeError("reconstructed cache has the wrong shape: " + "; ".join(problems))
+        _say(verbose, "    Reconstructed cache loaded; shape matches")
+
+        L = context_length or models.context_length(lm)
+        _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
+                      f"({ids.shape[1]} tokens, window {L}, stride {stride}"
+                      + (f", at most {max_windows} windows" if max_windows else "") + ")...")
+        codec = CLICacheRoundtrip(Path(workdir) / "windows", bits=bits, group_size=group_size,
+                                  sparsity=sparsity, model_name=name)
+        ppl = evaluate_windows(lm, ids, L, stride, transform=codec, max_windows=max_windows,
+                               progress=verbose if progress is None else progress)
+    finally:
+        if own_tmp is not None:
+            own_tmp.cleanup()
+
+    comp: CompressionMetrics | None = ppl.compression
+    ctx_windows = sum(1 for w in ppl.windows if w.compressed)
+    if ctx_windows == 0:
+        passed, verdict = False, "FAILED: no window had a compressed context (raise max_windows)"
+    else:
+        passed = ppl.context_delta < threshold
+        verdict = (f"{'PASSED' if passed else 'FAILED'}: delta {ppl.context_delta:+.4f} "
+                   f"{'<' if passed else '>='} {threshold} threshold")
+    total = time.perf_counter() - t_start
+    result = ValidationResult(
+        baseline_perplexity=ppl.baseline_perplexity,
+        compressed_perplexity=ppl.compressed_perplexity,
+        delta=ppl.delta,
+        delta_percent=ppl.delta_percent,
+        compression_ratio=comp.compression_ratio if comp else math.nan,
+        rmse=comp.rmse if comp else math.nan,
+        snr_db=comp.snr_db if comp else math.nan,
+        cosine_similarity=comp.cosine_similarity if comp else math.nan,
+        passed=passed,
+        threshold=threshold,
+        model=name,
+        corpus=text.name,
+        device=device,
+        bits=bits,
+        group_size=group_size,
+        sparsity=sparsity,
+        stride=stride,
+        context_length=L,
+        windows=ppl.num_windows,
+        scored_tokens=ppl.scored_tokens,
+        context_windows=ctx_windows,
+        context_scored_tokens=ppl.context_scored_tokens,
+        context_baseline_perplexity=ppl.context_baseline_perplexity,
+        context_compressed_perplexity=ppl.context_compressed_perplexity,
+        context_delta=ppl.context_delta,
+        max_error=comp.max_error if comp else math.nan,
+        quality_level=comp.quality_level if comp else "",
+        quality_passed=comp.passed if comp else False,
+        violations=list(comp.violations) if comp else [],
+        kv_geometry={"num_layers": geometry["expected_layers"], "num_kv_heads": geometry["expected_kv_heads"],
+                     "head_dim": geometry["expected_head_dim"],
+                     "num_query_heads": int(lm.config.num_attention_heads)},
+        window_nlls=[
+            {"index": w.index, "begin": w.begin, "end": w.end, "targets": w.num_targets,
+             "context_tokens": w.context_tokens, "compressed": w.compressed,
+             "baseline_nll": w.baseline_nll, "compressed_nll": w.compressed_nll,
+             "baseline_ppl": w.baseline_ppl, "compressed_ppl": w.compressed_ppl}
+            for w in ppl.windows
+        ],
+        timing={"total_s": total, "model_load_s": t_model, "perplexity_s": ppl.seconds,
+                "bridge_s": ppl.transform_seconds, **{f"bridge_{k}_s": v for k, v in codec.seconds.items()},
+                "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan},
+        compression=comp.to_dict() if comp else {},
+        verdict=verdict,
+    )
+    if verbose:
+        print_result(result)
+    return result
+
+
+def print_result(r: ValidationResult) -> None:
+    """The design documents' RESULTS block."""
+    bar, thin = "=" * 60, "-" * 60
+    print(bar + "\n  RESULTS\n" + bar)
+    print(f"  Model:                 {r.model}")
+    print(f"  Corpus:                {r.corpus}")
+    print(f"  Windows:               {r.windows} ({r.context_windows} with a compressed context), "
+          f"{r.scored_tokens} scored tokens")
+    print(f"  Baseline Perplexity:   {r.baseline_perplexity:.4f}")
+    print(f"  Compressed Perplexity: {r.compressed_perplexity:.4f}")
+    print(f"  Delta (all tokens):    {r.delta:+.4f} ({r.delta_percent:+.2f}%)")
+    print(f"  Delta (gated):         {r.context_delta:+.4f} over {r.context_scored_tokens} tokens "
+          f"with a compressed context ({r.context_baseline_perplexity:.4f} -> {r.context_compressed_perplexity:.4f})")
+    print(f"  Compression Ratio:     {r.compression_ratio:.2f}x (INT{r.bits}, group {r.group_size})")
+    print(thin)
+    print(f"  RMSE:                  {r.rmse:.6f}")
+    print(f"  SNR:                   {r.snr_db:.2f} dB")
+    print(f"  Cosine Similarity:     {r.cosine_similarity:.6f}")
+    print(f"  Quality level:         {r.quality_level}" + ("" if r.quality_passed else
+          f" (codec gates failed: {'; '.join(r.violations)})"))
+    print(bar)
+    print(f"  [{'OK' if r.passed else 'FAIL'}] {r.verdict}")
+    print(bar)
+
+
+def synthetic_cache(num_layers: int = cache.TINYLLAMA_NUM_LAYERS, num_kv_heads: int = cache.TINYLLAMA_NUM_KV_HEADS,
+                    seq_len: int = 128, head_dim: int = cache.TINYLLAMA_HEAD_DIM, std: float = 0.5,
+                    seed: int = 0) -> Any:
+    """A random N(0, std^2) cache of the given geometry (TinyLlama's by default)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (1, num_kv_heads, seq_len, head_dim)
+    return cache.make_cache([(torch.randn(shape, generator=g) * std, torch.randn(shape, generator=g) * std)
+                             for _ in range(num_layers)])
+
+
+def run_quick_test(verbose: bool = True, bits: int = 4, group_size: int = 64,
+                   workdir: str | os.PathLike | None = None) -> ValidationResult:
+    """Pipeline check with no model: a synthetic TinyLlama-geometry cache through
+    save -> kv-compress compress -> decompress -> load, checked against the CLI's quality gates."""
+    if not bridge.check_cli_available():
+        raise RuntimeError(f"Go CLI not found. {bridge.BUILD_HINT}")
+    kv = synthetic_cache()
+    with tempfile.TemporaryDirectory(prefix="kvlib-quick-") as tmp:
+        d = Path(workdir or tmp)
+        t0 = time.perf_counter()
+        meta = cache.save_kv_cache(kv, d / "synthetic.safetensors", model_name="synthetic (TinyLlama geometry)")
+        m = bridge.compress_kv_cache(d / "synthetic.safetensors", d / "synthetic.kvq.safetensors",
+                                     group_size=group_size, bits=bits)
+        bridge.decompress_kv_cache(d / "synthetic.kvq.safetensors", d / "synthetic.restored.safetensors")
+        restored, _ = cache.load_kv_cache(d / "synthetic.restored.safetensors")
+        seconds = time.perf_counter() - t0
+    ok, problems = cache.validate_kv_cache_shape(restored)
+    # Independent check of the CLI's numbers from the restored tensors.
+    orig = torch.cat([t.reshape(-1) for kv_ in cache.cache_layers(kv) for t in kv_]).double()
+    back = torch.cat([t.reshape(-1) for kv_ in cache.cache_layers(restored) for t in kv_]).double()
+    rmse = float((back - orig).pow(2).mean().sqrt())
+    agree = math.isclose(rmse, m.rmse, rel_tol=1e-6)
+    passed = m.passed and ok and agree
+    problems = problems + ([] if agree else [f"CLI RMSE {m.rmse} != recomputed {rmse}"])
+    verdict = ("PASSED" if passed else "FAILED") + f": quality {m.quality_level}" + (
+        "" if not (m.violations or problems) else " (" + "; ".join(m.violations + problems) + ")")
+    result = ValidationResult(
+        baseline_perplexity=math.nan, compressed_perplexity=math.nan, delta=math.nan, delta_percent=math.nan,
+        compression_ratio=m.compression_ratio, rmse=m.rmse, snr_db=m.snr_db,
+        cosine_similarity=m.cosine_similarity, passed=passed, model="none (synthetic N(0, 0.5^2) cache)",
+        corpus="none", bits=bits, group_size=group_size, max_error=m.max_error, quality_level=m.quality_level,
+        quality_passed=m.passed, violations=m.violations + problems,
+        kv_geometry={"num_layers": meta.num_layers, "num_kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,
+                     "seq_len": meta.seq_len},
+        timing={"total_s": seconds}, compression=m.to_dict(), verdict=verdict,
+    )
+    if verbose:
+        bridge.print_metrics_report(m, f"Quick test: synthetic cache {meta.num_layers} layers x "
+                                       f"{meta.num_kv_heads} KV heads x {meta.seq_len} tokens x {meta.head_dim}")
+        print(f"  [{'OK' if passed else 'FAIL'}] {verdict}")
+    return result

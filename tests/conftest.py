@@ -1,0 +1,59 @@
+"""Shared fixtures: a tiny random Llama with TinyLlama's KV geometry, a tiny
+real tokenizer, the embedded model (loaded once), and the built CLI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # for kvq_reference
+
+from kvlib import bridge  # noqa: E402
+from kvlib.cache import TINYLLAMA_HEAD_DIM, TINYLLAMA_NUM_KV_HEADS, TINYLLAMA_NUM_LAYERS  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
+
+
+@pytest.fixture(scope="session")
+def cli() -> str:
+    """Path of the built kv-compress (make setup builds it)."""
+    return bridge.find_cli_binary()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """A real fast tokenizer over a small word vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    """A randomly initialised Llama with TinyLlama's KV geometry: 22 layers, 4 KV heads, head_dim 64."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=TINYLLAMA_NUM_LAYERS,
+        num_attention_heads=8, num_key_value_heads=TINYLLAMA_NUM_KV_HEADS, head_dim=TINYLLAMA_HEAD_DIM,
+        max_position_embeddings=512,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M model and tokenizer (about 20 s to load)."""
+    from kvlib.models import load_model_and_tokenizer
+
+    return load_model_and_tokenizer("embedded", device="cpu")

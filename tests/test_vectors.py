@@ -1,0 +1,68 @@
+"""The shared test vectors: the NumPy reference must still produce the
+committed file, and the Go CLI must reproduce it bit for bit (go test checks
+the Go package against the same file)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+import make_vectors
+from kvq_reference import pack, quantize
+
+CASES = json.loads(make_vectors.OUT.read_text())["cases"]
+NP_DTYPES = {"F32": np.float32, "F16": np.float16}
+
+
+def test_committed_vectors_match_the_reference():
+    assert make_vectors.OUT.read_text() == make_vectors.render(), "run `python tests/make_vectors.py` and commit"
+
+
+def test_vectors_cover_the_spec():
+    names = {c["name"] for c in CASES}
+    for needed in ("ties_half_to_even", "zero_group", "short_last_group", "f16_input", "bf16_input", "scale_overflow"):
+        assert needed in names
+    ties = next(c for c in CASES if c["name"] == "ties_half_to_even")
+    assert ties["codes"][:4] == [0, 2, 2, 4]  # 0.5, 1.5, 2.5, 3.5 with scale 1: half to even
+
+
+def test_reference_pack_layout():
+    assert pack(np.array([1, -1, 7], np.int8), 4) == bytes([0xF1, 0x07])
+    codes, scales, recon = quantize(np.array([0.5, 1.5, -7], np.float32), 4, 64)
+    assert codes.tolist() == [0, 2, -7] and scales.view(np.float16)[0] == 1.0
+
+
+def _write_case(case, path):
+    """Write a vector case's input as a safetensors file (BF16 through raw bytes)."""
+    raw = bytes.fromhex(case["input_hex"])
+    header = {"t": {"dtype": case["dtype"], "shape": case["shape"], "data_offsets": [0, len(raw)]}}
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(len(h).to_bytes(8, "little") + h + raw)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_cli_reproduces_vectors(case, cli, tmp_path):
+    src, kvq, out = tmp_path / "in.safetensors", tmp_path / "in.kvq.safetensors", tmp_path / "out.safetensors"
+    _write_case(case, src)
+    args = ["-bits", str(case["bits"]), "-group-size", str(case["group_size"])]
+    proc = subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), *args], capture_output=True, text=True)
+    if "error" in case:
+        assert proc.returncode == 2 and case["error"] in proc.stderr and '"t"' in proc.stderr
+        assert not kvq.exists()
+        return
+    assert proc.returncode in (0, 1), proc.stderr
+    with safe_open(str(kvq), "np") as f:
+        assert f.get_tensor("t.codes").tobytes().hex() == case["packed_hex"]
+        assert f.get_tensor("t.scales").view(np.uint16).tolist() == case["scales_f16"]
+    proc = subprocess.run([cli, "decompress", "-input", str(kvq), "-output", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    blob = out.read_bytes()
+    n = int.from_bytes(blob[:8], "little")
+    assert json.loads(blob[8 : 8 + n])["t"]["dtype"] == case["dtype"]
+    assert blob[8 + n :].hex() == case["restored_hex"]
