@@ -24,6 +24,8 @@ MAX_WINDOWS ?= 6
 DEVICE      ?= auto
 REPORTS     := reports
 BUILD       := build
+# Rendered reports hold results, not progress bars (tqdm reads this at import).
+PAPERMILL   := TQDM_DISABLE=1 $(PY) -m papermill
 
 .PHONY: setup build-compress test test-go test-py test-notebooks report lab bench clean lock
 
@@ -57,19 +59,19 @@ test-py: setup
 # Notebooks run under nbval with small parameters injected by papermill.
 test-notebooks: setup
 	rm -rf $(BUILD)/nbtest && mkdir -p $(BUILD)/nbtest
-	$(PY) -m papermill --prepare-only notebooks/validate_perplexity.ipynb $(BUILD)/nbtest/validate_perplexity.ipynb \
+	$(PAPERMILL) --prepare-only notebooks/validate_perplexity.ipynb $(BUILD)/nbtest/validate_perplexity.ipynb \
 	  -k kvlib -p max_windows 2 -p context_length 512 -p output_dir $(CURDIR)/$(BUILD)/nbtest
-	$(PY) -m papermill --prepare-only notebooks/quick_test.ipynb $(BUILD)/nbtest/quick_test.ipynb \
+	$(PAPERMILL) --prepare-only notebooks/quick_test.ipynb $(BUILD)/nbtest/quick_test.ipynb \
 	  -k kvlib -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(BUILD)/nbtest
 
 report: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
-	$(PY) -m papermill notebooks/validate_perplexity.ipynb $(BUILD)/executed/validate_perplexity.ipynb -k kvlib \
+	$(PAPERMILL) notebooks/validate_perplexity.ipynb $(BUILD)/executed/validate_perplexity.ipynb -k kvlib \
 	  -p model $(MODEL) -p corpus $(CORPUS) -p bits $(BITS) -p group_size $(GROUP_SIZE) -p sparsity $(SPARSITY) \
 	  -p threshold $(THRESHOLD) -p stride $(STRIDE) -p max_windows $(MAX_WINDOWS) -p device $(DEVICE) \
 	  -p output_dir $(CURDIR)/$(REPORTS)
-	$(PY) -m papermill notebooks/quick_test.ipynb $(BUILD)/executed/quick_test.ipynb -k kvlib \
+	$(PAPERMILL) notebooks/quick_test.ipynb $(BUILD)/executed/quick_test.ipynb -k kvlib \
 	  -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) \
 	  $(BUILD)/executed/validate_perplexity.ipynb $(BUILD)/executed/quick_test.ipynb
