@@ -60,7 +60,7 @@ test-py: setup
 test-notebooks: setup
 	rm -rf $(BUILD)/nbtest && mkdir -p $(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/validate_perplexity.ipynb $(BUILD)/nbtest/validate_perplexity.ipynb \
-	  -k kvlib -p max_windows 2 -p context_length 512 -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	  -k kvlib -p max_windows 2 -p context_length 512 -p stride 256 -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/quick_test.ipynb $(BUILD)/nbtest/quick_test.ipynb \
 	  -k kvlib -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(BUILD)/nbtest
