@@ -66,3 +66,20 @@ def test_cli_reproduces_vectors(case, cli, tmp_path):
     n = int.from_bytes(blob[:8], "little")
     assert json.loads(blob[8 : 8 + n])["t"]["dtype"] == case["dtype"]
     assert blob[8 + n :].hex() == case["restored_hex"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "error" not in c and c["dtype"] != "BF16"], ids=lambda c: c["name"])
+def test_benchmark_torch_copy_matches_vectors(case):
+    """benchmarks/torch_kvq.py (the in-process comparison of make bench) is the same arithmetic."""
+    import sys
+
+    import torch
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from torch_kvq import quantize_dequantize
+
+    x = np.frombuffer(bytes.fromhex(case["input_hex"]), dtype=NP_DTYPES[case["dtype"]]).copy()
+    y = quantize_dequantize(torch.from_numpy(x), case["bits"], case["group_size"]).numpy()
+    assert y.tobytes().hex() == case["restored_hex"]

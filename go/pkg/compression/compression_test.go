@@ -424,7 +424,19 @@ func TestSparsityIsMeasuredAgainstTheOriginal(t *testing.T) {
 	}
 }
 
-var benchCache = randomCache(7, 30, 3, 256, 64) // SmolLM2 geometry at 256 tokens, 11.8 MB of F32
+// benchCache is the cache the benchmarks run on: the safetensors file named
+// by $KVQ_BENCH_FILE (make bench passes a real SmolLM2 cache at 2048
+// tokens), else synthetic data of SmolLM2 geometry at 256 tokens (11.8 MB).
+var benchCache = func() *safetensors.File {
+	if p := os.Getenv("KVQ_BENCH_FILE"); p != "" {
+		f, err := safetensors.ReadFile(p)
+		if err != nil {
+			panic(err)
+		}
+		return f
+	}
+	return randomCache(7, 30, 3, 256, 64)
+}()
 
 func BenchmarkCompressRestore(b *testing.B) {
 	b.SetBytes(int64(benchBytes()))

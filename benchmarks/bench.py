@@ -1,0 +1,130 @@
+"""make bench: speed of the codec and of the validation, each against a
+baseline measured in the same run (ratios, because the machines are noisy).
+
+1. Codec: a real SmolLM2 KV cache at 2048 tokens (30 layers x K,V x 3 heads x
+   2048 x 64, F32, 94 MB) through the Go benchmarks (compress + restore,
+   decompress, and a plain memory copy of the same bytes) and the CLI.
+2. Validation: the baseline + compressed perplexity pair on WikiText-2 for 6
+   windows through the real bridge (safetensors + kv-compress + load), and the
+   same pair in-process with the torch copy of the arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from torch_kvq import TorchCacheRoundtrip  # noqa: E402
+
+from kvlib.bridge import CLICacheRoundtrip, find_cli_binary  # noqa: E402
+from kvlib.cache import cache_layers, make_cache, save_kv_cache  # noqa: E402
+from kvlib.corpus import load_corpus, tokenize  # noqa: E402
+from kvlib.models import load_model_and_tokenizer  # noqa: E402
+from kvlib.perplexity import evaluate_windows  # noqa: E402
+
+DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
+
+
+def go_bench(cache_file: Path, runs: int) -> dict[str, float]:
+    """MB/s of the Go benchmarks on cache_file (F32 input bytes per second)."""
+    env = dict(os.environ, KVQ_BENCH_FILE=str(cache_file), GOTOOLCHAIN="local", GOPROXY="off",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["go", "test", "-run", "^$", "-bench", "CompressRestore|Decompress|Memcopy",
+                          "-benchtime", f"{runs}x", "./pkg/compression"],
+                         cwd=REPO / "go", env=env, capture_output=True, text=True, check=True).stdout
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"Benchmark(\w+)-\d+\s+\d+\s+[\d.]+ ns/op\s+([\d.]+) MB/s", out)}
+
+
+def cli_run(cli: str, command: str, src: Path, dst: Path) -> dict:
+    t0 = time.perf_counter()
+    proc = subprocess.run([cli, command, "-input", str(src), "-output", str(dst)], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(proc.stderr)
+    d = json.loads(proc.stdout)
+    d["wall_s"] = wall
+    return d
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", default=str(DEFAULT_CORPUS if DEFAULT_CORPUS.exists() else "embedded"))
+    ap.add_argument("--windows", type=int, default=6)
+    ap.add_argument("--go-runs", type=int, default=20)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    cli = find_cli_binary()
+    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads)")
+
+    model, tok = load_model_and_tokenizer("embedded", device="cpu")
+    corpus = load_corpus(args.corpus)
+    ids = tokenize(tok, corpus)
+    print(f"model: SmolLM2-135M (embedded); corpus: {corpus.name} ({ids.shape[1]} tokens)\n")
+
+    with tempfile.TemporaryDirectory(prefix="kvlib-bench-") as tmp:
+        tmp = Path(tmp)
+        # 1. Codec on a real cache of the first 2048 tokens.
+        with torch.no_grad():
+            kv = model(input_ids=ids[:, :2048], use_cache=True).past_key_values
+        src = tmp / "kv2048.safetensors"
+        save_kv_cache(make_cache(cache_layers(kv)), src, model_name="SmolLM2-135M")
+        mb = src.stat().st_size / 1e6
+        g = go_bench(src, args.go_runs)
+        rt = cli_run(cli, "roundtrip", src, tmp / "rt.safetensors")
+        cp = cli_run(cli, "compress", src, tmp / "kv.kvq.safetensors")
+        dc = cli_run(cli, "decompress", tmp / "kv.kvq.safetensors", tmp / "dc.safetensors")
+        fp16 = rt["original_size_bytes"]
+        print("== Codec: SmolLM2 KV cache, 2048 tokens, 30 layers x K,V x 3 heads x 64, F32 "
+              f"({mb:.1f} MB, {rt['num_elements']:,} elements)")
+        print(f"  Go compress+restore (in-process) {g['CompressRestore']:8.0f} MB/s of F32 input "
+              f"({g['CompressRestore'] / 1000:.2f} GB/s; target >= 1 GB/s)")
+        print(f"  Go decompress                    {g['Decompress']:8.0f} MB/s")
+        print(f"  memory copy, same bytes          {g['Memcopy']:8.0f} MB/s")
+        print(f"  compress+restore / memcopy       {g['CompressRestore'] / g['Memcopy']:8.3f}")
+        print(f"  CLI roundtrip: codec {rt['codec_time_ms']:.0f} ms ({mb / rt['codec_time_ms'] * 1000:.0f} MB/s), "
+              f"whole command {rt['wall_s'] * 1000:.0f} ms incl. file I/O and process start")
+        print(f"  CLI compress {cp['wall_s'] * 1000:.0f} ms, decompress {dc['wall_s'] * 1000:.0f} ms (wall)")
+        print(f"  packed (codes + scales) / FP16   {rt['compressed_size_bytes'] / fp16:8.4f}  "
+              f"(theory {(4 + 16 / 64) / 16:.4f}; ratio {rt['compression_ratio']:.3f}x)")
+        print(f"  whole .kvq file / FP16           {cp['compressed_file_bytes'] / fp16:8.4f}  "
+              f"(header included; within {abs(cp['compressed_file_bytes'] / (fp16 * 4.25 / 16) - 1) * 100:.3f} % of theory)")
+        print(f"  quality on this cache: RMSE {rt['rmse']:.4f}, SNR {rt['snr_db']:.2f} dB, "
+              f"cosine {rt['cosine_similarity']:.5f}, {rt['quality_level']}\n")
+
+        # 2. Validation pair: through the bridge, then in-process.
+        codec = CLICacheRoundtrip(tmp / "windows", model_name="SmolLM2-135M")
+        full = evaluate_windows(model, ids, 2048, 512, transform=codec, max_windows=args.windows, progress=False)
+        inproc = evaluate_windows(model, ids, 2048, 512, transform=TorchCacheRoundtrip(), max_windows=args.windows,
+                                  progress=False)
+    n = full.scored_tokens
+    bridge_s = sum(codec.seconds.values())
+    print(f"== Validation: {full.num_windows} windows of 2048 (stride 512), {n} scored tokens, "
+          f"{full.context_scored_tokens} after a compressed context")
+    print(f"  full path (files + kv-compress)  {full.seconds:7.1f} s  {n / full.seconds:7.1f} scored tokens/s "
+          "(baseline + compressed pair)")
+    print(f"  in-process (torch, no files)     {inproc.seconds:7.1f} s  {n / inproc.seconds:7.1f} scored tokens/s")
+    print(f"  full / in-process wall time      {full.seconds / inproc.seconds:7.3f}  (target <= 1.10)")
+    print(f"  bridge share of full wall time   {100 * bridge_s / full.seconds:6.2f} %  (target <= 5 %): "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in codec.seconds.items()) + f" over {codec.calls} calls")
+    same = full.compressed_perplexity == inproc.compressed_perplexity
+    print(f"  compressed perplexity: CLI {full.compressed_perplexity:.6f}, in-process {inproc.compressed_perplexity:.6f}"
+          f" ({'identical' if same else f'differ by {abs(full.compressed_perplexity - inproc.compressed_perplexity):.2e}'})")
+    print(f"  baseline {full.baseline_perplexity:.4f}, delta {full.delta:+.4f} (all tokens), "
+          f"{full.context_delta:+.4f} (gated)")
+
+
+if __name__ == "__main__":
+    main()
