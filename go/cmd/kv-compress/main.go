@@ -85,6 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // ">=" in violations, not "\u003e="
 	if err := enc.Encode(rep); err != nil {
 		fmt.Fprintf(stderr, "kv-compress %s: writing JSON: %v\n", cmd, err)
 		return exitError
@@ -234,10 +235,10 @@ func decompressReport(src, restored *safetensors.File, hdr *compression.Header) 
 		Format: compression.FormatName, FormatVersion: compression.FormatVersion,
 		Bits: hdr.Bits, GroupSize: hdr.GroupSize, Sparsity: hdr.Sparsity,
 		NumTensors: len(restored.Tensors), Passed: true, Violations: []string{},
-		Tensors: []compression.TensorReport{}, QualityLevel: "",
+		Tensors: []compression.TensorReport{},
 	}
-	nan := compression.Float(math.NaN())
-	rep.RMSE, rep.SNRDB, rep.CosineSimilarity, rep.MaxError = nan, nan, nan, nan
+	nan := compression.Float(math.NaN()) // nothing to measure against: null in JSON
+	rep.Quality = compression.Quality{RMSE: nan, SNRDB: nan, CosineSimilarity: nan, MaxError: nan}
 	for i := range restored.Tensors {
 		rep.NumElements += int64(restored.Tensors[i].NumElements())
 	}

@@ -28,14 +28,10 @@ type Report struct {
 	CompressionRatio    float64 `json:"compression_ratio"`
 	BitsPerElement      float64 `json:"bits_per_element"`
 
-	RMSE             Float       `json:"rmse"`
-	SNRDB            Float       `json:"snr_db"`
-	CosineSimilarity Float       `json:"cosine_similarity"`
-	MaxError         Float       `json:"max_error"`
-	QualityLevel     string      `json:"quality_level"`
-	Passed           bool        `json:"passed"`
-	Violations       []string    `json:"violations"`
-	Thresholds       *Thresholds `json:"thresholds,omitempty"`
+	Quality
+	Passed     bool        `json:"passed"`
+	Violations []string    `json:"violations"`
+	Thresholds *Thresholds `json:"thresholds,omitempty"`
 
 	// Sums are the raw sums behind the metrics, so that results of several
 	// runs (one per perplexity window) can be pooled exactly.
@@ -51,21 +47,34 @@ type Report struct {
 // TensorReport holds one tensor's metrics. The Head* slices split it along
 // axis 1, the KV head of a [batch, heads, seq, head_dim] cache.
 type TensorReport struct {
-	Name             string            `json:"name"`
-	DType            safetensors.DType `json:"dtype"`
-	Shape            []int             `json:"shape"`
-	NumElements      int64             `json:"num_elements"`
-	RMSE             Float             `json:"rmse"`
-	SNRDB            Float             `json:"snr_db"`
-	CosineSimilarity Float             `json:"cosine_similarity"`
-	MaxError         Float             `json:"max_error"`
-	QualityLevel     string            `json:"quality_level"`
-	Passed           bool              `json:"passed"`
-	ErrorHistogram   []int64           `json:"error_histogram"`
-	HeadRMSE         []Float           `json:"head_rmse"`
-	HeadSNRDB        []Float           `json:"head_snr_db"`
-	Sums             Sums              `json:"sums"`
-	HeadSums         []Sums            `json:"head_sums"`
+	Name        string            `json:"name"`
+	DType       safetensors.DType `json:"dtype"`
+	Shape       []int             `json:"shape"`
+	NumElements int64             `json:"num_elements"`
+	Quality
+	Passed         bool    `json:"passed"`
+	ErrorHistogram []int64 `json:"error_histogram"`
+	HeadRMSE       []Float `json:"head_rmse"`
+	HeadSNRDB      []Float `json:"head_snr_db"`
+	Sums           Sums    `json:"sums"`
+	HeadSums       []Sums  `json:"head_sums"`
+}
+
+// Quality is the metrics of one set of elements; encoding/json flattens it
+// into the Report and TensorReport objects.
+type Quality struct {
+	RMSE             Float  `json:"rmse"`
+	SNRDB            Float  `json:"snr_db"`
+	CosineSimilarity Float  `json:"cosine_similarity"`
+	MaxError         Float  `json:"max_error"`
+	QualityLevel     string `json:"quality_level"`
+}
+
+func qualityOf(a *Accumulator) Quality {
+	return Quality{
+		RMSE: Float(a.RMSE()), SNRDB: Float(a.SNRDB()), CosineSimilarity: Float(a.Cosine()),
+		MaxError: Float(a.MaxError), QualityLevel: QualityLevel(a.RMSE(), a.SNRDB()),
+	}
 }
 
 // Sums is an Accumulator's sums in JSON form.
@@ -94,9 +103,7 @@ func newReport(opt Options) *Report {
 func (r *Report) addTensor(t *safetensors.Tensor, acc *Accumulator, heads []Accumulator, th Thresholds) {
 	tr := TensorReport{
 		Name: t.Name, DType: t.DType, Shape: t.Shape, NumElements: acc.N,
-		RMSE: Float(acc.RMSE()), SNRDB: Float(acc.SNRDB()),
-		CosineSimilarity: Float(acc.Cosine()), MaxError: Float(acc.MaxError),
-		QualityLevel:   QualityLevel(acc.RMSE(), acc.SNRDB()),
+		Quality:        qualityOf(acc),
 		Passed:         len(th.Violations(acc)) == 0,
 		ErrorHistogram: append([]int64(nil), acc.Hist[:]...),
 		Sums:           sumsOf(acc),
@@ -121,11 +128,7 @@ func (r *Report) finish(total *Accumulator, th Thresholds) {
 	}
 	sums := sumsOf(total)
 	r.Sums = &sums
-	r.RMSE = Float(total.RMSE())
-	r.SNRDB = Float(total.SNRDB())
-	r.CosineSimilarity = Float(total.Cosine())
-	r.MaxError = Float(total.MaxError)
-	r.QualityLevel = QualityLevel(total.RMSE(), total.SNRDB())
+	r.Quality = qualityOf(total)
 	r.Violations = th.Violations(total)
 	r.Passed = len(r.Violations) == 0
 }
