@@ -15,6 +15,7 @@ from typing import Any
 import matplotlib
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import numpy as np
 import pandas as pd
 
@@ -68,8 +69,8 @@ def banner(result: ValidationResult | dict[str, Any]):
                   f"windows with a compressed context)")
     else:
         detail = html.escape(r.get("verdict", ""))
-    sub = (f"{html.escape(r['model'])} &middot; INT{r['bits']} group {r['group_size']} &middot; "
-           f"{html.escape(r['corpus'])}")
+    parts = [r["model"], f"INT{r['bits']} group {r['group_size']}", r["corpus"]]
+    sub = " &middot; ".join(html.escape(p) for p in parts if p and p != "none")
     return HTML(
         f'<div class="kvlib-banner" data-verdict="{word}" style="border-left:8px solid {color};background:{color}14;'
         f'padding:12px 16px;margin:8px 0;font-family:sans-serif">'
@@ -134,7 +135,8 @@ def _finite(values: list[Any]) -> np.ndarray:
     return np.array([_num(v) for v in values], dtype=float)
 
 
-def plot_layer_metrics(result: ValidationResult | dict[str, Any]):
+def plot_layer_metrics(result: ValidationResult | dict[str, Any],
+                       title: str = "Reconstruction quality per layer, pooled over all windows' context caches"):
     """SNR, RMSE and cosine similarity per layer, keys against values, with the codec's gates."""
     r = _as_dict(result)
     layers, by = _tensors_by_layer(r)
@@ -152,7 +154,7 @@ def plot_layer_metrics(result: ValidationResult | dict[str, Any]):
         ax.set_ylabel(label)
         ax.set_title(f"{label} per layer ({hint})")
         ax.legend(fontsize=8)
-    fig.suptitle("Reconstruction quality per layer, pooled over all windows' context caches")
+    fig.suptitle(title)
     plt.close(fig)
     return fig
 
@@ -177,6 +179,7 @@ def plot_error_histograms(result: ValidationResult | dict[str, Any]):
         ax.set_xticklabels([("0" if edges[i] == 0 else f"$2^{{{int(round(math.log2(edges[i])))}}}$") for i in ticks])
         ax.set_xlabel("|error| bin, lower edge (cache units; each bin spans a factor of 2)")
         ax.set_title(f"{kind}s: share of elements per |error| bin")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(False)
     axes[0].set_ylabel("layer")
     fig.colorbar(im, ax=axes, label="share of the layer's elements", shrink=0.9)
