@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch

@@ -10,7 +10,6 @@ import subprocess
 import numpy as np
 import pytest
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 import make_vectors
 from kvq_reference import pack, quantize
