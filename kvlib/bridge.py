@@ -197,6 +197,19 @@ def _add_sums(a: dict[str, float] | None, b: dict[str, float]) -> dict[str, floa
     return out
 
 
+def pool_tensors(tensors: list[dict[str, Any]], suffix: str) -> dict[str, float]:
+    """RMSE, SNR and cosine pooled over the tensors whose name ends with ``suffix``
+    ("_key", "_value"; "" for all), from the CLI's raw sums. Empty if none match."""
+    sums = None
+    for t in tensors:
+        if t["name"].endswith(suffix):
+            sums = _add_sums(sums, t["sums"])
+    if sums is None:
+        return {}
+    rmse, snr, cos = _pooled(sums)
+    return {"rmse": rmse, "snr_db": snr, "cosine_similarity": cos, "num_elements": int(sums["n"])}
+
+
 def quality_level(rmse: float, snr_db: float) -> str:
     """The codec's grading table (same thresholds as the Go CLI)."""
     if rmse < 0.01 and snr_db > 40:

@@ -102,6 +102,10 @@ def summary_rows(result: ValidationResult | dict[str, Any]) -> list[tuple[str, s
         ("SNR", fmt(r["snr_db"], ".2f") + " dB", f"gate &gt; {th.get('min_snr_db', 18):g} dB"),
         ("Cosine similarity", fmt(r["cosine_similarity"], ".6f"), f"gate &gt; {th.get('min_cosine_similarity', 0.99):g}"),
         ("Max error", fmt(r["max_error"], ".4f"), ""),
+        *[(f"{label}: SNR / RMSE / cosine",
+           f"{fmt(m.get('snr_db'), '.2f')} dB / {fmt(m.get('rmse'), '.4f')} / {fmt(m.get('cosine_similarity'), '.5f')}",
+           f"all {label.lower()} tensors pooled")
+          for label, m in (("Keys", r.get("keys") or {}), ("Values", r.get("values") or {})) if m],
         ("Quality level", r["quality_level"] or "–", "codec gates " + ("passed" if r["quality_passed"] else "failed")),
         ("Violations", "; ".join(r["violations"]) or "none", ""),
     ]

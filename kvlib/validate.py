@@ -59,6 +59,8 @@ class ValidationResult:
     quality_level: str = ""
     quality_passed: bool = False  # the CLI's RMSE/SNR/cosine gates (informational)
     violations: list[str] = field(default_factory=list)
+    keys: dict[str, float] = field(default_factory=dict)  # RMSE, SNR, cosine of all key tensors pooled
+    values: dict[str, float] = field(default_factory=dict)  # the same for value tensors
     kv_geometry: dict[str, int] = field(default_factory=dict)
     window_nlls: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
@@ -210,6 +212,8 @@ def run_full_validation(
         quality_level=comp.quality_level if comp else "",
         quality_passed=comp.passed if comp else False,
         violations=list(comp.violations) if comp else [],
+        keys=bridge.pool_tensors(comp.tensors, "_key") if comp else {},
+        values=bridge.pool_tensors(comp.tensors, "_value") if comp else {},
         kv_geometry={"num_layers": geometry["expected_layers"], "num_kv_heads": geometry["expected_kv_heads"],
                      "head_dim": geometry["expected_head_dim"],
                      "num_query_heads": int(lm.config.num_attention_heads)},
@@ -249,6 +253,10 @@ def print_result(r: ValidationResult) -> None:
     print(f"  RMSE:                  {r.rmse:.6f}")
     print(f"  SNR:                   {r.snr_db:.2f} dB")
     print(f"  Cosine Similarity:     {r.cosine_similarity:.6f}")
+    if r.keys and r.values:
+        print(f"  Keys / values:         SNR {r.keys['snr_db']:.2f} / {r.values['snr_db']:.2f} dB, "
+              f"RMSE {r.keys['rmse']:.4f} / {r.values['rmse']:.4f}, "
+              f"cosine {r.keys['cosine_similarity']:.5f} / {r.values['cosine_similarity']:.5f}")
     print(f"  Quality level:         {r.quality_level}" + ("" if r.quality_passed else
           f" (codec gates failed: {'; '.join(r.violations)})"))
     print(bar)
@@ -298,6 +306,7 @@ def run_quick_test(verbose: bool = True, bits: int = 4, group_size: int = 64,
         cosine_similarity=m.cosine_similarity, passed=passed, model="none (synthetic N(0, 0.5^2) cache)",
         corpus="none", bits=bits, group_size=group_size, max_error=m.max_error, quality_level=m.quality_level,
         quality_passed=m.passed, violations=m.violations + problems,
+        keys=bridge.pool_tensors(m.tensors, "_key"), values=bridge.pool_tensors(m.tensors, "_value"),
         kv_geometry={"num_layers": meta.num_layers, "num_kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,
                      "seq_len": meta.seq_len},
         timing={"total_s": seconds}, compression=m.to_dict(), verdict=verdict,

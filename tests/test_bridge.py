@@ -113,6 +113,16 @@ def test_pool_metrics_is_exact(tmp_path):
     assert pooled.quality_level == mab.quality_level and pooled.violations == mab.violations
 
 
+def test_pool_tensors_by_kind(kv_file):
+    m = bridge.get_compression_metrics(kv_file)
+    everything = bridge.pool_tensors(m.tensors, "")
+    assert everything["rmse"] == pytest.approx(m.rmse, rel=1e-12) and everything["snr_db"] == pytest.approx(m.snr_db, rel=1e-12)
+    keys, values = bridge.pool_tensors(m.tensors, "_key"), bridge.pool_tensors(m.tensors, "_value")
+    assert keys["num_elements"] + values["num_elements"] == m.num_elements
+    assert min(keys["rmse"], values["rmse"]) <= m.rmse <= max(keys["rmse"], values["rmse"])
+    assert bridge.pool_tensors(m.tensors, "_nothing") == {}
+
+
 def test_cache_roundtrip_transform(tmp_path):
     kv = _cache(3)
     codec = bridge.CLICacheRoundtrip(tmp_path, model_name="t")
