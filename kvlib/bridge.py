@@ -74,11 +74,12 @@ class CompressionMetrics:
         kw.setdefault("processing_time_ms", 0.0)
         kw["thresholds"] = d.get("thresholds") or {}
         kw["sums"] = d.get("sums") or {}
-        for t in kw.get("tensors", []):
-            for k in ("rmse", "snr_db", "cosine_similarity", "max_error"):
-                t[k] = _num(t.get(k))
-            t["head_snr_db"] = [_num(v) for v in t.get("head_snr_db", [])]
-            t["head_rmse"] = [_num(v) for v in t.get("head_rmse", [])]
+        kw["tensors"] = [  # copies: the caller's dicts keep their JSON nulls
+            dict(t, **{k: _num(t.get(k)) for k in ("rmse", "snr_db", "cosine_similarity", "max_error")},
+                 head_snr_db=[_num(v) for v in t.get("head_snr_db", [])],
+                 head_rmse=[_num(v) for v in t.get("head_rmse", [])])
+            for t in d.get("tensors", [])
+        ]
         return cls(**kw)
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,6 +130,13 @@ def _quant_args(bits: int, group_size: int, sparsity: float) -> list[str]:
     return ["-bits", str(bits), "-group-size", str(group_size), "-sparsity", repr(float(sparsity))]
 
 
+def _encode(command: str, input_path, output_path, group_size: int, sparsity: float, verbose: bool,
+            bits: int) -> CompressionMetrics:
+    """compress or roundtrip: the two commands that quantize input_path into output_path."""
+    args = ["-input", str(input_path), "-output", str(output_path), *_quant_args(bits, group_size, sparsity)]
+    return _run(command, args, verbose)
+
+
 def compress_kv_cache(
     input_path: str | os.PathLike,
     output_path: str | os.PathLike,
@@ -138,8 +146,7 @@ def compress_kv_cache(
     bits: int = 4,
 ) -> CompressionMetrics:
     """Compress a cache file to the packed kvq layout; return the quality metrics."""
-    args = ["-input", str(input_path), "-output", str(output_path), *_quant_args(bits, group_size, sparsity)]
-    return _run("compress", args, verbose)
+    return _encode("compress", input_path, output_path, group_size, sparsity, verbose, bits)
 
 
 def decompress_kv_cache(
@@ -160,8 +167,7 @@ def roundtrip_kv_cache(
     bits: int = 4,
 ) -> CompressionMetrics:
     """Compress and restore in one CLI call; output_path is the reconstructed cache."""
-    args = ["-input", str(input_path), "-output", str(output_path), *_quant_args(bits, group_size, sparsity)]
-    return _run("roundtrip", args, verbose)
+    return _encode("roundtrip", input_path, output_path, group_size, sparsity, verbose, bits)
 
 
 def get_compression_metrics(

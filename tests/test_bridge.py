@@ -45,6 +45,14 @@ def test_compress_decompress_roundtrip_metrics(kv_file, tmp_path, cli):
     assert g.group_size == 32 and g.bits == 8 and g.rmse < m.rmse
 
 
+def test_from_dict_leaves_the_callers_json_alone():
+    d = {"compression_ratio": 1.0, "original_size_bytes": 2, "compressed_size_bytes": 2, "passed": True,
+         "violations": [], "rmse": 0, "snr_db": None, "tensors": [{"name": "t", "snr_db": None, "head_snr_db": [None]}]}
+    m = bridge.CompressionMetrics.from_dict(d)
+    assert m.snr_db == math.inf and m.tensors[0]["head_snr_db"] == [math.inf]
+    assert d["tensors"][0]["snr_db"] is None and d["tensors"][0]["head_snr_db"] == [None]
+
+
 def test_quality_failure_returns_metrics(kv_file, tmp_path):
     m = bridge.compress_kv_cache(kv_file, tmp_path / "x.safetensors", bits=2)  # exit 1: gates failed
     assert not m.passed and m.violations and (tmp_path / "x.safetensors").exists()
