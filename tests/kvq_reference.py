@@ -80,3 +80,148 @@ def encode(x: np.ndarray, dtype: str) -> bytes:
     if dtype == "BF16":
         return to_bf16_bits(x).astype("<u2").tobytes()
     raise ValueError(dtype)
+
+
+# ---------------------------------------------------------------------------
+# kvq v2: every scheme. A scheme is a dict with the Go Scheme's JSON fields
+# (method, bits, group, axis, rotate, outliers, residual, sparsity).
+
+GGML = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+
+
+def quantize_asym(g: np.ndarray, bits: int) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """One asymmetric group: (codes uint8, scale FP16 bits, zero FP16 bits, reconstruction)."""
+    qmax = np.float32(2**bits - 1)
+    lo, hi = (g.min(), g.max()) if g.size else (np.float32(0), np.float32(0))
+    with np.errstate(over="ignore"):
+        m = np.float32(lo).astype(np.float16)
+        s = np.float32((hi - lo) / qmax).astype(np.float16)
+    if not (np.isfinite(m) and np.isfinite(s)):
+        raise ScaleOverflow("group scale overflows FP16")
+    mf, sf = np.float32(m), np.float32(s)
+    if sf == 0:
+        q = np.zeros(g.size, np.uint8)
+    else:
+        q = np.rint(np.clip((g - mf) / sf, np.float32(0), qmax)).astype(np.uint8)
+    recon = (q.astype(np.float32) * sf).astype(np.float32) + mf
+    return q, int(s.view(np.uint16)), int(m.view(np.uint16)), recon
+
+
+def hadamard_rows(x: np.ndarray, d: int) -> np.ndarray:
+    """The float32 Walsh-Hadamard butterfly on rows of d, then times float32(1/sqrt(d))."""
+    v = np.array(x, dtype=np.float32).reshape(-1, d)
+    h = 1
+    while h < d:
+        for i in range(0, d, 2 * h):
+            a, b = v[:, i : i + h].copy(), v[:, i + h : i + 2 * h].copy()
+            v[:, i : i + h], v[:, i + h : i + 2 * h] = a + b, a - b
+        h *= 2
+    return (v * np.float32(1 / np.sqrt(d))).reshape(-1)
+
+
+def _smallest_first(mag: np.ndarray) -> np.ndarray:
+    return np.argsort(mag, kind="stable")
+
+
+def saturate(y: np.ndarray, dtype: str) -> np.ndarray:
+    """Clamp to the dtype's finite range, as the codec does before rounding."""
+    lim = {"F32": np.finfo(np.float32).max, "F16": np.float32(65504), "BF16": np.float32(3.3895313892515355e38)}[dtype]
+    return np.clip(y, -lim, lim).astype(np.float32)
+
+
+def compress_tensor(raw: bytes, dtype: str, shape: list[int], sc: dict) -> tuple[dict[str, bytes], bytes, int]:
+    """Compress one tensor: (stored parts by suffix, restored bytes, outlier count)."""
+    x = decode(raw, dtype).reshape(shape)
+    needs4d = sc["axis"] == "channel" or sc["rotate"] or sc["residual"] > 0
+    if needs4d and len(shape) != 4:
+        raise ValueError("needs a 4-D")
+    four = len(shape) == 4
+    slab = four and (sc["residual"] > 0 or sc["axis"] == "channel")
+    if slab:
+        b, h, t, d = shape
+        tq = t - min(sc["residual"], t)
+        xq = x[:, :, :tq, :].copy()
+        esz = {"F32": 4, "F16": 2, "BF16": 2}[dtype]
+        resid_nat = np.frombuffer(raw, np.uint8).reshape(b, h, t, d * esz)[:, :, tq:, :]
+        resid = resid_nat.tobytes()
+    else:
+        xq, resid, tq = x.copy(), b"", None
+    qidx = np.arange(x.size).reshape(shape)[:, :, :tq, :].reshape(-1) if slab else np.arange(x.size)
+    flat = xq.reshape(-1).copy()
+    nq = flat.size
+    if sc["sparsity"] > 0:
+        k = int(sc["sparsity"] * nq)
+        flat[_smallest_first(np.abs(flat))[:k]] = 0
+    out_idx, out_val = np.zeros(0, np.uint32), np.zeros(0, np.uint16)
+    if sc["outliers"] > 0:
+        k = int(sc["outliers"] * nq)
+        sel = np.sort(np.argsort(-np.abs(flat), kind="stable")[:k])
+        vals = flat[sel].astype(np.float16)
+        if not np.all(np.isfinite(vals)):
+            raise ScaleOverflow("outlier overflows FP16")
+        out_idx, out_val = qidx[sel].astype(np.uint32), vals.view(np.uint16)
+        flat[sel] = 0
+    if sc["rotate"]:
+        if shape[3] & (shape[3] - 1):
+            raise ValueError("power-of-two head_dim")
+        flat = hadamard_rows(flat, shape[3])
+    # q-order
+    if sc["axis"] == "channel":
+        b, h, _, d = shape
+        xp = flat.reshape(b * h, tq, d).transpose(0, 2, 1).reshape(-1)
+        row_len = tq
+    else:
+        xp, row_len = flat, nq
+    parts: dict[str, bytes] = {}
+    yp = np.zeros(nq, np.float32)
+    m = sc["method"]
+    if m in GGML:
+        import gguf.quants as gq
+        from gguf import GGMLQuantizationType as T
+
+        if nq % 32:
+            raise ValueError("multiple of 32")
+        qt = getattr(T, m.upper())
+        blocks = gq.quantize(xp.reshape(-1, 32), qt)
+        with np.errstate(over="ignore", invalid="ignore"):
+            yp = gq.dequantize(blocks, qt).reshape(-1).astype(np.float32)
+        if not np.all(np.isfinite(yp)):
+            raise ScaleOverflow("block scale overflows FP16")
+        parts[".codes"] = blocks.tobytes()
+    else:
+        g, bits = sc["group"], sc["bits"]
+        codes = np.zeros(nq, np.int16)
+        scales, zeros = [], []
+        for r0 in range(0, nq, row_len) if nq else []:
+            for lo in range(r0, r0 + row_len, g):
+                hi = min(lo + g, r0 + row_len)
+                grp = xp[lo:hi]
+                if m == "sym":
+                    c, s, y = quantize(grp, bits, g)
+                    scales.append(int(s[0]))
+                else:
+                    c, s, z, y = quantize_asym(grp, bits)
+                    scales.append(s)
+                    zeros.append(z)
+                codes[lo:hi], yp[lo:hi] = c, y
+        parts[".codes"] = pack(codes, bits)
+        parts[".scales"] = np.array(scales, "<u2").tobytes()
+        if m == "asym":
+            parts[".zeros"] = np.array(zeros, "<u2").tobytes()
+    if out_idx.size:
+        parts[".outlier_index"] = out_idx.astype("<u4").tobytes()
+        parts[".outlier_value"] = out_val.astype("<u2").tobytes()
+    if resid:
+        parts[".residual"] = resid
+    # Reconstruction: back to natural order, rotate, splice, outliers, dtype.
+    if sc["axis"] == "channel":
+        b, h, _, d = shape
+        yq = yp.reshape(b * h, d, tq).transpose(0, 2, 1).reshape(-1)
+    else:
+        yq = yp
+    if sc["rotate"]:
+        yq = hadamard_rows(yq, shape[3])
+    y = x.astype(np.float32).reshape(-1).copy()
+    y[qidx] = yq
+    y[out_idx.astype(np.int64)] = out_val.view(np.float16).astype(np.float32)
+    return parts, encode(saturate(y, dtype), dtype), int(out_idx.size)

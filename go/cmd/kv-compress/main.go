@@ -1,19 +1,23 @@
-// Command kv-compress compresses a KV cache saved as safetensors with
-// per-group integer quantization (INT4 by default), restores it, and
-// prints JSON quality metrics on stdout.
+// Command kv-compress compresses a KV cache saved as safetensors with one
+// of the schemes engineers deploy (INT4 per-token groups by default; KIVI,
+// asymmetric, rotated, outlier and residual variants; llama.cpp's ggml
+// block types), restores it, and prints JSON quality metrics on stdout.
 //
 // Usage:
 //
-//	kv-compress compress   -input kv.safetensors -output kv.kvq.safetensors [-bits 4] [-group-size 64] [-sparsity 0]
+//	kv-compress compress   -input kv.safetensors -output kv.kvq.safetensors [-scheme int4] [-bits 4] [-group-size 64] [-sparsity 0]
 //	kv-compress decompress -input kv.kvq.safetensors -output kv.restored.safetensors
-//	kv-compress roundtrip  -input kv.safetensors -output kv.restored.safetensors
-//	kv-compress metrics    -input kv.safetensors
+//	kv-compress roundtrip  -input kv.safetensors -output kv.restored.safetensors [-scheme ...]
+//	kv-compress metrics    -input kv.safetensors [-scheme ...]
+//	kv-compress check      -scheme SPEC    (validate and print the canonical scheme)
+//	kv-compress schemes                    (list the presets)
 //
 // Exit status: 0 success, 1 quality gates failed (output and JSON are still
 // written), 2 bad usage or bad input (nothing is written).
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -42,6 +46,11 @@ commands:
   decompress  restore a kvq file at -input to its source dtypes at -output
   roundtrip   compress and restore in one go; -output is the restored cache
   metrics     compress in memory and print the metrics; writes nothing
+  check       validate -scheme (and -bits, -group-size, -sparsity) and print it
+  schemes     list the preset schemes
+
+-scheme takes a preset (int4 int8 asym4 kivi4 kivi2 rot4 q4_0 q4_1 q5_0
+q5_1 q8_0) or a spec such as k=asym4/g64/channel,v=asym4/g64 (see README).
 
 Each command prints one JSON object on stdout. Exit status: 0 success,
 1 quality gates failed (output still written), 2 bad usage or bad input.
@@ -72,6 +81,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		cmd, args = args[0], args[1:]
 	}
 	rep, err := dispatch(cmd, args, stderr)
+	if err == nil {
+		var js []byte
+		if js, err = encodeJSON(rep); err == nil {
+			_, err = stdout.Write(js)
+		}
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
@@ -83,42 +98,88 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitError
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	enc.SetEscapeHTML(false) // ">=" in violations, not "\u003e="
-	if err := enc.Encode(rep); err != nil {
-		fmt.Fprintf(stderr, "kv-compress %s: writing JSON: %v\n", cmd, err)
-		return exitError
-	}
-	if !rep.Passed {
+	if r, ok := rep.(*compression.Report); ok && !r.Passed {
 		return exitQuality
 	}
 	return exitOK
 }
 
+// encodeJSON is the JSON the CLI prints for a result.
+func encodeJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // ">=" in violations, not "\u003e="
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("encoding JSON: %v", err)
+	}
+	return buf.Bytes(), nil
+}
+
 type config struct {
 	input, output string
-	opt           compression.Options
+	cfg           compression.Config
 	verbose       bool
 }
 
-func parseFlags(cmd string, args []string, stderr io.Writer, needOutput, quantizes bool) (*config, error) {
+// schemeFlags are the flags that choose the scheme: -scheme, then -bits,
+// -group-size and -sparsity applied to both roles where given.
+type schemeFlags struct {
+	scheme    string
+	bits      int
+	groupSize int
+	sparsity  float64
+}
+
+func (sf *schemeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&sf.scheme, "scheme", compression.DefaultPreset, "preset name or scheme spec (see README)")
+	fs.IntVar(&sf.bits, "bits", 4, "code width in bits, 2 to 8 (sym/asym schemes; both roles)")
+	fs.IntVar(&sf.groupSize, "group-size", 64, "elements per quantization group, positive and even (sym/asym schemes; both roles)")
+	fs.Float64Var(&sf.sparsity, "sparsity", 0, "fraction in [0, 1) of smallest-magnitude elements zeroed per tensor before quantizing (both roles)")
+}
+
+// spec resolves the flags into a validated Spec; set names the flags given.
+func (sf *schemeFlags) spec(set map[string]bool) (compression.Spec, error) {
+	s, err := compression.ParseSpec(sf.scheme)
+	if err != nil {
+		return s, err
+	}
+	for _, sc := range []*compression.Scheme{&s.Key, &s.Value} {
+		if (set["bits"] || set["group-size"]) && sc.Method.IsGGML() {
+			return s, fmt.Errorf("-bits and -group-size do not apply to %s", sc.Method)
+		}
+		if set["bits"] {
+			sc.Bits = sf.bits
+		}
+		if set["group-size"] {
+			sc.Group = sf.groupSize
+		}
+		if set["sparsity"] {
+			sc.Sparsity = sf.sparsity
+		}
+	}
+	return s, s.Validate()
+}
+
+func parseFlags(cmd string, args []string, stderr io.Writer, needInput, needOutput, quantizes bool) (*config, error) {
 	fs := flag.NewFlagSet("kv-compress "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c := &config{opt: compression.DefaultOptions()}
-	fs.StringVar(&c.input, "input", "", "input safetensors file (required)")
+	c := &config{cfg: compression.DefaultConfig()}
+	var sf schemeFlags
+	if needInput {
+		fs.StringVar(&c.input, "input", "", "input safetensors file (required)")
+	}
 	if needOutput {
 		fs.StringVar(&c.output, "output", "", "output safetensors file (required)")
 	}
+	th := &c.cfg.Thresholds
 	if quantizes {
-		fs.IntVar(&c.opt.Bits, "bits", c.opt.Bits, "code width in bits, 2 to 8")
-		fs.IntVar(&c.opt.GroupSize, "group-size", c.opt.GroupSize, "elements per quantization group (positive, even)")
-		fs.Float64Var(&c.opt.Sparsity, "sparsity", 0, "fraction in [0, 1) of smallest-magnitude elements zeroed per tensor before quantizing")
-		fs.Float64Var(&c.opt.Thresholds.MaxRMSE, "max-rmse", c.opt.Thresholds.MaxRMSE, "quality gate: RMSE must be below this")
-		fs.Float64Var(&c.opt.Thresholds.MinSNRDB, "min-snr", c.opt.Thresholds.MinSNRDB, "quality gate: SNR in dB must be above this")
-		fs.Float64Var(&c.opt.Thresholds.MinCosine, "min-cosine", c.opt.Thresholds.MinCosine, "quality gate: cosine similarity must be above this")
+		sf.register(fs)
+		fs.Float64Var(&th.MaxRMSE, "max-rmse", th.MaxRMSE, "quality gate: RMSE must be below this")
+		fs.Float64Var(&th.MinSNRDB, "min-snr", th.MinSNRDB, "quality gate: SNR in dB must be above this")
+		fs.Float64Var(&th.MinCosine, "min-cosine", th.MinCosine, "quality gate: cosine similarity must be above this")
 	}
-	fs.IntVar(&c.opt.Workers, "workers", 0, "goroutines (0: one per CPU)")
+	fs.IntVar(&c.cfg.Workers, "workers", 0, fmt.Sprintf("goroutines, 0 to %d (0: one per CPU)", compression.MaxWorkers))
 	fs.BoolVar(&c.verbose, "verbose", false, "log progress on stderr")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -126,24 +187,29 @@ func parseFlags(cmd string, args []string, stderr io.Writer, needOutput, quantiz
 		}
 		return nil, usageError{err.Error()}
 	}
-	if fs.NArg() > 0 {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch {
+	case fs.NArg() > 0:
 		return nil, usageError{fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	if c.input == "" {
+	case needInput && c.input == "":
 		return nil, usageError{"-input is required"}
-	}
-	if needOutput && c.output == "" {
+	case needOutput && c.output == "":
 		return nil, usageError{"-output is required"}
-	}
-	if needOutput && sameFile(c.input, c.output) {
+	case needOutput && sameFile(c.input, c.output):
 		return nil, usageError{fmt.Sprintf("-output %s is the input file", c.output)}
+	case c.cfg.Workers < 0 || c.cfg.Workers > compression.MaxWorkers:
+		return nil, usageError{fmt.Sprintf("-workers %d out of range [0, %d]", c.cfg.Workers, compression.MaxWorkers)}
 	}
 	if quantizes {
-		if err := compression.CheckParams(c.opt.Bits, c.opt.GroupSize); err != nil {
+		var err error
+		if c.cfg.Spec, err = sf.spec(set); err != nil {
 			return nil, usageError{err.Error()}
 		}
-		if !(c.opt.Sparsity >= 0 && c.opt.Sparsity < 1) {
-			return nil, usageError{fmt.Sprintf("-sparsity %g out of range [0, 1)", c.opt.Sparsity)}
+		for name, v := range map[string]float64{"max-rmse": th.MaxRMSE, "min-snr": th.MinSNRDB, "min-cosine": th.MinCosine} {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return nil, usageError{fmt.Sprintf("-%s %g is not a finite number", name, v)}
+			}
 		}
 	}
 	return c, nil
@@ -158,7 +224,9 @@ func sameFile(a, b string) bool {
 	return filepath.Clean(a) == filepath.Clean(b)
 }
 
-func dispatch(cmd string, args []string, stderr io.Writer) (*compression.Report, error) {
+// dispatch runs one command and returns what it prints: a
+// *compression.Report, or for check and schemes a description of schemes.
+func dispatch(cmd string, args []string, stderr io.Writer) (any, error) {
 	start := time.Now()
 	var (
 		c   *config
@@ -166,11 +234,22 @@ func dispatch(cmd string, args []string, stderr io.Writer) (*compression.Report,
 	)
 	switch cmd {
 	case "compress", "roundtrip":
-		c, err = parseFlags(cmd, args, stderr, true, true)
+		c, err = parseFlags(cmd, args, stderr, true, true, true)
 	case "metrics":
-		c, err = parseFlags(cmd, args, stderr, false, true)
+		c, err = parseFlags(cmd, args, stderr, true, false, true)
 	case "decompress":
-		c, err = parseFlags(cmd, args, stderr, true, false)
+		c, err = parseFlags(cmd, args, stderr, true, true, false)
+	case "check":
+		c, err = parseFlags(cmd, args, stderr, false, false, true)
+		if err != nil {
+			return nil, err
+		}
+		return compression.SchemeReport(cmd, c.cfg.Spec), nil
+	case "schemes":
+		if _, err := parseFlags(cmd, args, stderr, false, false, false); err != nil {
+			return nil, err
+		}
+		return compression.PresetsReport(), nil
 	default:
 		return nil, usageError{fmt.Sprintf("unknown command %q", cmd)}
 	}
@@ -194,14 +273,18 @@ func dispatch(cmd string, args []string, stderr io.Writer) (*compression.Report,
 	var toWrite *safetensors.File
 	codecStart := time.Now()
 	if cmd == "decompress" {
-		restored, hdr, err := compression.Decompress(src, c.opt.Workers)
+		restored, hdr, err := compression.Decompress(src, c.cfg.Workers)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.input, err)
 		}
-		rep = decompressReport(src, restored, hdr)
+		rep = compression.DecompressReport(src, restored, hdr)
 		toWrite = restored
 	} else {
-		res, err := compression.Compress(src, c.opt, cmd == "roundtrip")
+		compress := compression.Compress
+		if cmd == "metrics" {
+			compress = compression.Measure
+		}
+		res, err := compress(src, c.cfg)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.input, err)
 		}
@@ -218,43 +301,19 @@ func dispatch(cmd string, args []string, stderr io.Writer) (*compression.Report,
 	logf("codec done in %.1f ms: rmse %.6g, snr %.2f dB", rep.CodecTimeMS, float64(rep.RMSE), float64(rep.SNRDB))
 	rep.Command, rep.Input = cmd, c.input
 	if toWrite != nil {
+		rep.Output = c.output
+		// The report must encode before the output is committed: exit 2
+		// always means nothing was written.
+		if _, err := encodeJSON(rep); err != nil {
+			return nil, err
+		}
 		if err := safetensors.WriteFile(c.output, toWrite); err != nil {
 			return nil, err
 		}
-		rep.Output = c.output
 		logf("wrote %s", c.output)
 	}
 	rep.ProcessingTimeMS = ms(time.Since(start))
 	return rep, nil
-}
-
-// decompressReport describes a restore: sizes and settings; there is no
-// original to measure against, so the quality fields are null.
-func decompressReport(src, restored *safetensors.File, hdr *compression.Header) *compression.Report {
-	rep := &compression.Report{
-		Format: compression.FormatName, FormatVersion: compression.FormatVersion,
-		Bits: hdr.Bits, GroupSize: hdr.GroupSize, Sparsity: hdr.Sparsity,
-		NumTensors: len(restored.Tensors), Passed: true, Violations: []string{},
-		Tensors: []compression.TensorReport{},
-	}
-	nan := compression.Float(math.NaN()) // nothing to measure against: null in JSON
-	rep.Quality = compression.Quality{RMSE: nan, SNRDB: nan, CosineSimilarity: nan, MaxError: nan}
-	for i := range restored.Tensors {
-		rep.NumElements += int64(restored.Tensors[i].NumElements())
-	}
-	for i := range src.Tensors {
-		rep.CompressedSizeBytes += int64(len(src.Tensors[i].Data))
-	}
-	rep.OriginalSizeBytes = 2 * rep.NumElements
-	if rep.CompressedSizeBytes > 0 {
-		rep.CompressionRatio = float64(rep.OriginalSizeBytes) / float64(rep.CompressedSizeBytes)
-		rep.BitsPerElement = 8 * float64(rep.CompressedSizeBytes) / float64(max(rep.NumElements, 1))
-	}
-	rep.CompressedFileBytes, _ = safetensors.EncodedSize(src)
-	for i := range restored.Tensors {
-		rep.SourceSizeBytes += int64(len(restored.Tensors[i].Data))
-	}
-	return rep
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

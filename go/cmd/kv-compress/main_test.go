@@ -112,7 +112,7 @@ func TestBadInputExits2AndWritesNothing(t *testing.T) {
 		{"bad flag", []string{"compress", "-input", in, "-output", out, "-frobnicate"}, "flag provided but not defined"},
 		{"bits", []string{"compress", "-input", in, "-output", out, "-bits", "9"}, "bits 9 out of range"},
 		{"group size", []string{"compress", "-input", in, "-output", out, "-group-size", "0"}, "group size 0"},
-		{"sparsity", []string{"compress", "-input", in, "-output", out, "-sparsity", "1.5"}, "-sparsity 1.5"},
+		{"sparsity", []string{"compress", "-input", in, "-output", out, "-sparsity", "1.5"}, "sparsity 1.5 out of range"},
 		{"same file", []string{"roundtrip", "-input", in, "-output", in}, "is the input file"},
 		{"missing file", []string{"compress", "-input", filepath.Join(dir, "nope"), "-output", out}, "no such file"},
 		{"truncated", []string{"compress", "-input", truncated, "-output", out}, truncated + ": tensor"},

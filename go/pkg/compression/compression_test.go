@@ -61,8 +61,7 @@ func TestSharedVectors(t *testing.T) {
 	for _, vc := range loadVectors(t) {
 		t.Run(vc.Name, func(t *testing.T) {
 			src := &safetensors.File{Tensors: []safetensors.Tensor{{Name: "t", DType: vc.DType, Shape: vc.Shape, Data: mustHex(t, vc.InputHex)}}}
-			opt := Options{Bits: vc.Bits, GroupSize: vc.GroupSize, Thresholds: DefaultThresholds}
-			res, err := Compress(src, opt, true)
+			res, err := Compress(src, symConfig(vc.Bits, vc.GroupSize, 0))
 			if vc.Error != "" {
 				if err == nil || !strings.Contains(err.Error(), vc.Error) || !strings.Contains(err.Error(), `tensor "t"`) {
 					t.Fatalf("error = %v, want one naming the tensor and containing %q", err, vc.Error)
@@ -108,6 +107,12 @@ func TestSharedVectors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// symConfig is a sym scheme for both roles with the default gates.
+func symConfig(bits, group int, sparsity float64) Config {
+	s := Scheme{Method: Sym, Bits: bits, Group: group, Axis: Token, Sparsity: sparsity}
+	return Config{Spec: Spec{Key: s, Value: s}, Thresholds: DefaultThresholds}
 }
 
 func TestRoundMagicMatchesRoundToEven(t *testing.T) {
@@ -257,7 +262,7 @@ func randomCache(seed int64, layers, heads, seq, dim int) *safetensors.File {
 
 func TestCompressDecompressFile(t *testing.T) {
 	src := randomCache(3, 3, 4, 50, 64)
-	res, err := Compress(src, DefaultOptions(), true)
+	res, err := Compress(src, DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +281,7 @@ func TestCompressDecompressFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hdr.Bits != 4 || hdr.GroupSize != 64 || back.Metadata["model_name"] != "synthetic" {
+	if hdr.Spec != "sym4/g64" || hdr.Version != 2 || back.Metadata["model_name"] != "synthetic" {
 		t.Errorf("header %+v metadata %v", hdr, back.Metadata)
 	}
 	for i := range back.Tensors {
@@ -315,9 +320,9 @@ func TestCompressIsDeterministicAcrossWorkers(t *testing.T) {
 	src := randomCache(4, 2, 3, 700, 64)
 	var first []byte
 	for _, w := range []int{1, 2, 7} {
-		opt := DefaultOptions()
-		opt.Workers = w
-		res, err := Compress(src, opt, true)
+		cfg := DefaultConfig()
+		cfg.Workers = w
+		res, err := Compress(src, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,32 +343,32 @@ func TestCompressRejects(t *testing.T) {
 	inf, _ := safetensors.NewFloatTensor("layer_4_value", safetensors.F32, []int{2}, []float32{1, float32(math.Inf(-1))})
 	ints := safetensors.Tensor{Name: "ids", DType: safetensors.I64, Shape: []int{1}, Data: make([]byte, 8)}
 	ok, _ := safetensors.NewFloatTensor("ok", safetensors.F32, []int{2}, []float32{1, 2})
-	done, _ := Compress(&safetensors.File{Tensors: []safetensors.Tensor{ok}}, DefaultOptions(), false)
+	done, _ := Measure(&safetensors.File{Tensors: []safetensors.Tensor{ok}}, DefaultConfig())
 	tests := []struct {
 		name string
 		file *safetensors.File
-		opt  Options
+		cfg  Config
 		want string
 	}{
-		{"nan", &safetensors.File{Tensors: []safetensors.Tensor{nan}}, DefaultOptions(), `tensor "layer_3_key": element 1 is NaN`},
-		{"inf", &safetensors.File{Tensors: []safetensors.Tensor{inf}}, DefaultOptions(), `tensor "layer_4_value": element 1 is -Inf`},
-		{"int dtype", &safetensors.File{Tensors: []safetensors.Tensor{ints}}, DefaultOptions(), `tensor "ids": dtype I64`},
-		{"bits 1", &safetensors.File{}, Options{Bits: 1, GroupSize: 64}, "bits 1 out of range"},
-		{"bits 9", &safetensors.File{}, Options{Bits: 9, GroupSize: 64}, "bits 9 out of range"},
-		{"odd group", &safetensors.File{}, Options{Bits: 4, GroupSize: 63}, "group size 63"},
-		{"zero group", &safetensors.File{}, Options{Bits: 4, GroupSize: 0}, "group size 0"},
-		{"sparsity", &safetensors.File{}, Options{Bits: 4, GroupSize: 64, Sparsity: 1}, "sparsity 1"},
-		{"already compressed", done.Compressed, DefaultOptions(), "already kvq-compressed"},
+		{"nan", &safetensors.File{Tensors: []safetensors.Tensor{nan}}, DefaultConfig(), `tensor "layer_3_key": element 1 is NaN`},
+		{"inf", &safetensors.File{Tensors: []safetensors.Tensor{inf}}, DefaultConfig(), `tensor "layer_4_value": element 1 is -Inf`},
+		{"int dtype", &safetensors.File{Tensors: []safetensors.Tensor{ints}}, DefaultConfig(), `tensor "ids": dtype I64`},
+		{"bits 1", &safetensors.File{}, symConfig(1, 64, 0), "bits 1 out of range"},
+		{"bits 9", &safetensors.File{}, symConfig(9, 64, 0), "bits 9 out of range"},
+		{"odd group", &safetensors.File{}, symConfig(4, 63, 0), "group size 63"},
+		{"zero group", &safetensors.File{}, symConfig(4, 0, 0), "group size 0"},
+		{"sparsity", &safetensors.File{}, symConfig(4, 64, 1), "sparsity 1"},
+		{"already compressed", done.Compressed, DefaultConfig(), "already kvq-compressed"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Compress(tc.file, tc.opt, true)
+			_, err := Compress(tc.file, tc.cfg)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error = %v, want %q", err, tc.want)
 			}
 		})
 	}
-	_, err := Compress(&safetensors.File{Tensors: []safetensors.Tensor{{Name: "big", DType: safetensors.F32, Shape: []int{1}, Data: binary.LittleEndian.AppendUint32(nil, math.Float32bits(1e9))}}}, DefaultOptions(), false)
+	_, err := Compress(&safetensors.File{Tensors: []safetensors.Tensor{{Name: "big", DType: safetensors.F32, Shape: []int{1}, Data: binary.LittleEndian.AppendUint32(nil, math.Float32bits(1e9))}}}, DefaultConfig())
 	if !errors.Is(err, ErrScaleOverflow) || !strings.Contains(err.Error(), `tensor "big"`) {
 		t.Errorf("overflow error = %v", err)
 	}
@@ -371,7 +376,7 @@ func TestCompressRejects(t *testing.T) {
 
 func TestDecompressRejects(t *testing.T) {
 	src := randomCache(5, 1, 2, 10, 64)
-	res, _ := Compress(src, DefaultOptions(), false)
+	res, _ := Measure(src, DefaultConfig())
 	mutate := func(fn func(f *safetensors.File)) *safetensors.File {
 		f := &safetensors.File{Metadata: map[string]string{}}
 		for k, v := range res.Compressed.Metadata {
@@ -391,13 +396,18 @@ func TestDecompressRejects(t *testing.T) {
 	}{
 		{"plain file", src, "not a kvq-compressed file"},
 		{"version", mutate(func(f *safetensors.File) { f.Metadata["kvq.version"] = "9" }), "unsupported kvq version"},
-		{"bits", mutate(func(f *safetensors.File) { f.Metadata["kvq.bits"] = "12" }), "bits 12"},
+		{"bits", mutate(func(f *safetensors.File) {
+			f.Metadata["kvq.tensors"] = strings.Replace(f.Metadata["kvq.tensors"], `"bits":4`, `"bits":12`, 1)
+		}), `tensor "layer_0_key": scheme: bits 12`},
+		{"v1 bits", mutate(func(f *safetensors.File) {
+			f.Metadata["kvq.version"], f.Metadata["kvq.bits"], f.Metadata["kvq.group_size"], f.Metadata["kvq.sparsity"] = "1", "12", "64", "0"
+		}), "bits 12"},
 		{"tensors json", mutate(func(f *safetensors.File) { f.Metadata["kvq.tensors"] = "[" }), "kvq.tensors"},
-		{"missing codes", mutate(func(f *safetensors.File) { f.Tensors = f.Tensors[1:] }), `tensor "layer_0_key": missing`},
+		{"missing codes", mutate(func(f *safetensors.File) { f.Tensors = f.Tensors[1:] }), `tensor "layer_0_key": .codes is missing`},
 		{"short codes", mutate(func(f *safetensors.File) {
 			f.Tensors[0].Data = f.Tensors[0].Data[:10]
 			f.Tensors[0].Shape = []int{10}
-		}), `tensor "layer_0_key": codes are 10 bytes`},
+		}), `tensor "layer_0_key": .codes is 10 bytes of U8, want 640`},
 		{"inf scale", mutate(func(f *safetensors.File) { f.Tensors[1].Data[0], f.Tensors[1].Data[1] = 0x00, 0x7c }), `tensor "layer_0_key": group 0: scale is not finite`},
 	}
 	for _, tc := range tests {
@@ -412,10 +422,8 @@ func TestDecompressRejects(t *testing.T) {
 
 func TestSparsityIsMeasuredAgainstTheOriginal(t *testing.T) {
 	src := randomCache(6, 1, 2, 64, 64)
-	opt := DefaultOptions()
-	dense, _ := Compress(src, opt, false)
-	opt.Sparsity = 0.5
-	sparse, err := Compress(src, opt, false)
+	dense, _ := Measure(src, DefaultConfig())
+	sparse, err := Measure(src, symConfig(4, 64, 0.5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,14 +449,14 @@ var benchCache = func() *safetensors.File {
 func BenchmarkCompressRestore(b *testing.B) {
 	b.SetBytes(int64(benchBytes()))
 	for i := 0; i < b.N; i++ {
-		if _, err := Compress(benchCache, DefaultOptions(), true); err != nil {
+		if _, err := Compress(benchCache, DefaultConfig()); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
 func BenchmarkDecompress(b *testing.B) {
-	res, _ := Compress(benchCache, DefaultOptions(), false)
+	res, _ := Measure(benchCache, DefaultConfig())
 	b.SetBytes(int64(benchBytes()))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -492,7 +500,7 @@ func FuzzQuantizeRoundTrip(f *testing.F) {
 			}
 		}
 		tns, _ := safetensors.NewFloatTensor("t", safetensors.F32, []int{n}, x)
-		res, err := Compress(&safetensors.File{Tensors: []safetensors.Tensor{tns}}, Options{Bits: b, GroupSize: gs, Thresholds: DefaultThresholds}, true)
+		res, err := Compress(&safetensors.File{Tensors: []safetensors.Tensor{tns}}, symConfig(b, gs, 0))
 		if err != nil {
 			if errors.Is(err, ErrScaleOverflow) {
 				return

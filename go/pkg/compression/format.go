@@ -10,48 +10,53 @@ import (
 )
 
 // The compressed layout is itself a safetensors file. For each source
-// tensor NAME it holds NAME.codes (U8, the packed codes) and NAME.scales
-// (F16, one per group); "__metadata__" keeps the source file's metadata and
-// adds the kvq.* keys below, which is all Decompress needs.
+// tensor NAME it holds NAME.codes (U8: packed codes, or ggml blocks) and,
+// as its scheme needs them, NAME.scales and NAME.zeros (F16, one per
+// group), NAME.outlier_index (U32) and NAME.outlier_value (F16), and
+// NAME.residual (the last tokens, exact, in the source dtype).
+// "__metadata__" keeps the source file's metadata and adds kvq.format,
+// kvq.version, kvq.spec and kvq.tensors (each tensor's dtype, shape,
+// scheme and outlier count): the file describes itself. Version 1 files
+// (one sym scheme in kvq.bits and kvq.group_size) still decompress.
 const (
 	FormatName    = "kvq"
-	FormatVersion = 1
+	FormatVersion = 2
 
-	CodesSuffix  = ".codes"
-	ScalesSuffix = ".scales"
+	CodesSuffix        = ".codes"
+	ScalesSuffix       = ".scales"
+	ZerosSuffix        = ".zeros"
+	OutlierIndexSuffix = ".outlier_index"
+	OutlierValueSuffix = ".outlier_value"
+	ResidualSuffix     = ".residual"
 
 	metaPrefix    = "kvq."
 	metaFormat    = "kvq.format"
 	metaVersion   = "kvq.version"
-	metaBits      = "kvq.bits"
-	metaGroupSize = "kvq.group_size"
-	metaSparsity  = "kvq.sparsity"
+	metaSpec      = "kvq.spec"
 	metaTensors   = "kvq.tensors"
+	metaBits      = "kvq.bits"       // v1
+	metaGroupSize = "kvq.group_size" // v1
+	metaSparsity  = "kvq.sparsity"   // v1
 )
 
-// TensorInfo records a source tensor's name, dtype and shape.
+// TensorInfo records a source tensor and how it was stored.
 type TensorInfo struct {
-	Name  string            `json:"name"`
-	DType safetensors.DType `json:"dtype"`
-	Shape []int             `json:"shape"`
+	Name     string            `json:"name"`
+	DType    safetensors.DType `json:"dtype"`
+	Shape    []int             `json:"shape"`
+	Scheme   Scheme            `json:"scheme"`
+	Outliers int               `json:"outliers"` // how many elements are stored apart
 }
 
 // NumElements is the product of the shape.
-func (t TensorInfo) NumElements() int {
-	n := 1
-	for _, d := range t.Shape {
-		n *= d
-	}
-	return n
-}
+func (t TensorInfo) NumElements() int { return product(t.Shape) }
 
 // Header is what a compressed file's metadata says.
 type Header struct {
-	Bits      int
-	GroupSize int
-	Sparsity  float64
-	Tensors   []TensorInfo
-	Source    map[string]string // the source file's own metadata
+	Version int
+	Spec    string // the spec the file was made with, canonical
+	Tensors []TensorInfo
+	Source  map[string]string // the source file's own metadata
 }
 
 // IsCompressed reports whether f carries the kvq format marker.
@@ -61,73 +66,148 @@ func IsCompressed(f *safetensors.File) bool {
 }
 
 func (h *Header) metadata() map[string]string {
-	m := make(map[string]string, len(h.Source)+6)
+	m := make(map[string]string, len(h.Source)+4)
 	for k, v := range h.Source {
 		m[k] = v
 	}
 	infos, _ := json.Marshal(h.Tensors)
 	m[metaFormat] = FormatName
 	m[metaVersion] = strconv.Itoa(FormatVersion)
-	m[metaBits] = strconv.Itoa(h.Bits)
-	m[metaGroupSize] = strconv.Itoa(h.GroupSize)
-	m[metaSparsity] = strconv.FormatFloat(h.Sparsity, 'g', -1, 64)
+	m[metaSpec] = h.Spec
 	m[metaTensors] = string(infos)
 	return m
 }
 
-// ReadHeader parses and checks a compressed file's metadata and tensors.
+// ReadHeader parses the metadata of a compressed file and checks every
+// tensor's record against the tensors the file holds: an impossible value
+// or a wrong length is an error naming the tensor and field.
 func ReadHeader(f *safetensors.File) (*Header, error) {
 	md := f.Metadata
 	if md[metaFormat] != FormatName {
 		return nil, fmt.Errorf("not a kvq-compressed file (metadata %q is %q, want %q)", metaFormat, md[metaFormat], FormatName)
 	}
-	if md[metaVersion] != strconv.Itoa(FormatVersion) {
-		return nil, fmt.Errorf("unsupported kvq version %q (this build reads %d)", md[metaVersion], FormatVersion)
-	}
 	h := &Header{Source: map[string]string{}}
-	var err error
-	if h.Bits, err = strconv.Atoi(md[metaBits]); err != nil {
-		return nil, fmt.Errorf("metadata %q: %v", metaBits, err)
-	}
-	if h.GroupSize, err = strconv.Atoi(md[metaGroupSize]); err != nil {
-		return nil, fmt.Errorf("metadata %q: %v", metaGroupSize, err)
-	}
-	if err := CheckParams(h.Bits, h.GroupSize); err != nil {
-		return nil, err
-	}
-	if h.Sparsity, err = strconv.ParseFloat(md[metaSparsity], 64); err != nil {
-		return nil, fmt.Errorf("metadata %q: %v", metaSparsity, err)
-	}
-	if err := json.Unmarshal([]byte(md[metaTensors]), &h.Tensors); err != nil {
-		return nil, fmt.Errorf("metadata %q: %v", metaTensors, err)
+	switch md[metaVersion] {
+	case "1":
+		if err := h.readV1(md); err != nil {
+			return nil, err
+		}
+	case strconv.Itoa(FormatVersion):
+		h.Version, h.Spec = FormatVersion, md[metaSpec]
+		if err := json.Unmarshal([]byte(md[metaTensors]), &h.Tensors); err != nil {
+			return nil, fmt.Errorf("metadata %q: %v", metaTensors, err)
+		}
+	default:
+		return nil, fmt.Errorf("unsupported kvq version %q (this build reads 1 and %d)", md[metaVersion], FormatVersion)
 	}
 	for k, v := range md {
 		if !strings.HasPrefix(k, metaPrefix) {
 			h.Source[k] = v
 		}
 	}
+	seen := map[string]bool{}
 	for _, ti := range h.Tensors {
-		if !ti.DType.IsFloat() {
-			return nil, fmt.Errorf("tensor %q: source dtype %q is not F32, F16 or BF16", ti.Name, ti.DType)
+		if seen[ti.Name] {
+			return nil, fmt.Errorf("tensor %q: recorded twice in %s", ti.Name, metaTensors)
 		}
-		n := 1
-		for _, d := range ti.Shape {
-			if d < 0 || (d > 0 && n > (1<<48)/d) {
-				return nil, fmt.Errorf("tensor %q: bad shape %v", ti.Name, ti.Shape)
-			}
-			n *= d
-		}
-		codes, scales := f.Tensor(ti.Name+CodesSuffix), f.Tensor(ti.Name+ScalesSuffix)
-		if codes == nil || scales == nil {
-			return nil, fmt.Errorf("tensor %q: missing %s or %s", ti.Name, CodesSuffix, ScalesSuffix)
-		}
-		if codes.DType != safetensors.U8 || len(codes.Data) != PackedLen(n, h.Bits) {
-			return nil, fmt.Errorf("tensor %q: codes are %d bytes of %s, want %d bytes of U8", ti.Name, len(codes.Data), codes.DType, PackedLen(n, h.Bits))
-		}
-		groups := (n + h.GroupSize - 1) / h.GroupSize
-		if scales.DType != safetensors.F16 || scales.NumElements() != groups {
-			return nil, fmt.Errorf("tensor %q: %d scales of %s, want %d of F16", ti.Name, scales.NumElements(), scales.DType, groups)
+		seen[ti.Name] = true
+		if _, err := checkStored(f, ti); err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
 		}
 	}
 	return h, nil
+}
+
+func (h *Header) readV1(md map[string]string) error {
+	h.Version = 1
+	var sc Scheme
+	var err error
+	sc.Method, sc.Axis = Sym, Token
+	if sc.Bits, err = strconv.Atoi(md[metaBits]); err != nil {
+		return fmt.Errorf("metadata %q: %v", metaBits, err)
+	}
+	if sc.Group, err = strconv.Atoi(md[metaGroupSize]); err != nil {
+		return fmt.Errorf("metadata %q: %v", metaGroupSize, err)
+	}
+	if sc.Sparsity, err = strconv.ParseFloat(md[metaSparsity], 64); err != nil {
+		return fmt.Errorf("metadata %q: %v", metaSparsity, err)
+	}
+	if err := sc.Validate(); err != nil {
+		return err
+	}
+	h.Spec = sc.String()
+	if err := json.Unmarshal([]byte(md[metaTensors]), &h.Tensors); err != nil {
+		return fmt.Errorf("metadata %q: %v", metaTensors, err)
+	}
+	for i := range h.Tensors {
+		h.Tensors[i].Scheme = sc
+	}
+	return nil
+}
+
+// stored is one tensor's parts in a compressed file, checked.
+type stored struct {
+	codes, scales, zeros, residual *safetensors.Tensor
+	outliers                       outlierSet
+}
+
+// checkStored finds and checks the stored parts of ti in f.
+func checkStored(f *safetensors.File, ti TensorInfo) (*stored, error) {
+	if !ti.DType.IsFloat() {
+		return nil, fmt.Errorf("source dtype %q is not F32, F16 or BF16", ti.DType)
+	}
+	if err := ti.Scheme.Validate(); err != nil {
+		return nil, fmt.Errorf("scheme: %w", err)
+	}
+	n := 1
+	for _, d := range ti.Shape {
+		if d < 0 || (d > 0 && n > (1<<48)/d) {
+			return nil, fmt.Errorf("bad shape %v", ti.Shape)
+		}
+		n *= d
+	}
+	l, err := newLayout(ti.Shape, ti.Scheme)
+	if err != nil {
+		return nil, err
+	}
+	if ti.Outliers < 0 || ti.Outliers > l.nq {
+		return nil, fmt.Errorf("outliers %d out of range [0, %d]", ti.Outliers, l.nq)
+	}
+	s := &stored{codes: f.Tensor(ti.Name + CodesSuffix)}
+	want := func(t *safetensors.Tensor, suffix string, dt safetensors.DType, bytes int) error {
+		if t == nil || t.DType != dt || len(t.Data) != bytes {
+			got := "missing"
+			if t != nil {
+				got = fmt.Sprintf("%d bytes of %s", len(t.Data), t.DType)
+			}
+			return fmt.Errorf("%s is %s, want %d bytes of %s", suffix, got, bytes, dt)
+		}
+		return nil
+	}
+	if err := want(s.codes, CodesSuffix, safetensors.U8, l.codeBytes()); err != nil {
+		return nil, err
+	}
+	if !ti.Scheme.Method.IsGGML() {
+		s.scales = f.Tensor(ti.Name + ScalesSuffix)
+		if err := want(s.scales, ScalesSuffix, safetensors.F16, 2*l.groups); err != nil {
+			return nil, err
+		}
+	}
+	if ti.Scheme.Method == Asym {
+		s.zeros = f.Tensor(ti.Name + ZerosSuffix)
+		if err := want(s.zeros, ZerosSuffix, safetensors.F16, 2*l.groups); err != nil {
+			return nil, err
+		}
+	}
+	if l.residualElems() > 0 {
+		s.residual = f.Tensor(ti.Name + ResidualSuffix)
+		if err := want(s.residual, ResidualSuffix, ti.DType, l.residualElems()*ti.DType.Size()); err != nil {
+			return nil, err
+		}
+	}
+	s.outliers, err = readOutliers(f.Tensor(ti.Name+OutlierIndexSuffix), f.Tensor(ti.Name+OutlierValueSuffix), ti.Outliers, n)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }

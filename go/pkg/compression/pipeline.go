@@ -2,7 +2,6 @@ package compression
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -12,23 +11,25 @@ import (
 	"kvlib/pkg/safetensors"
 )
 
-// Options configure Compress.
-type Options struct {
-	Bits       int
-	GroupSize  int
-	Sparsity   float64 // fraction of smallest-magnitude elements zeroed per tensor
-	Workers    int     // goroutines; 0 means GOMAXPROCS
+// Config is everything Compress needs: the scheme of each role, the
+// goroutines to use and the quality gates. The CLI's flags fill it.
+type Config struct {
+	Spec       Spec
+	Workers    int // goroutines; 0 means GOMAXPROCS
 	Thresholds Thresholds
 }
 
-// DefaultOptions are 4-bit codes in groups of 64 with the default gates.
-func DefaultOptions() Options {
-	return Options{Bits: 4, GroupSize: 64, Thresholds: DefaultThresholds}
+// DefaultConfig is the default preset with the default gates.
+func DefaultConfig() Config {
+	return Config{Spec: DefaultSpec(), Thresholds: DefaultThresholds}
 }
 
-func (o Options) workers() int {
-	if o.Workers > 0 {
-		return o.Workers
+// MaxWorkers bounds the goroutines a caller may ask for.
+const MaxWorkers = 1024
+
+func (c Config) workers() int {
+	if c.Workers > 0 {
+		return min(c.Workers, MaxWorkers)
 	}
 	return runtime.GOMAXPROCS(0)
 }
@@ -40,21 +41,28 @@ type Result struct {
 	Report     *Report
 }
 
-// Compress quantizes every tensor of src (all must be F32, F16 or BF16 and
-// finite), packs the codes, and measures the reconstruction against src.
-// With restore it also returns the reconstruction, bit-identical to
-// Decompress(result.Compressed). Work is spread over goroutines in chunks
-// of whole groups taken from all tensors at once.
-func Compress(src *safetensors.File, opt Options, restore bool) (*Result, error) {
-	if err := CheckParams(opt.Bits, opt.GroupSize); err != nil {
+// Compress quantizes every tensor of src (F32, F16 or BF16, finite) with
+// the scheme of its role, and measures the reconstruction against src.
+// With restore it also returns the reconstruction, which is decoded from
+// the stored form exactly as Decompress decodes it. Work is spread over
+// goroutines in chunks taken from all tensors at once.
+func Compress(src *safetensors.File, cfg Config) (*Result, error) {
+	return compress(src, cfg, true)
+}
+
+// Measure is Compress without keeping the reconstruction.
+func Measure(src *safetensors.File, cfg Config) (*Result, error) {
+	return compress(src, cfg, false)
+}
+
+func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) {
+	if err := cfg.Spec.Validate(); err != nil {
 		return nil, err
-	}
-	if opt.Sparsity < 0 || opt.Sparsity >= 1 || math.IsNaN(opt.Sparsity) {
-		return nil, fmt.Errorf("sparsity %g out of range [0, 1)", opt.Sparsity)
 	}
 	if IsCompressed(src) {
 		return nil, fmt.Errorf("already kvq-compressed (metadata %q); use decompress", metaFormat)
 	}
+	workers := cfg.workers()
 	jobs := make([]*tensorJob, len(src.Tensors))
 	var tasks []task
 	for i := range src.Tensors {
@@ -62,57 +70,70 @@ func Compress(src *safetensors.File, opt Options, restore bool) (*Result, error)
 		if !t.DType.IsFloat() {
 			return nil, fmt.Errorf("tensor %q: dtype %s is not F32, F16 or BF16", t.Name, t.DType)
 		}
-		jobs[i] = newTensorJob(t, opt, restore)
-		for c := range jobs[i].accs {
+		j, err := newEncodeJob(t, cfg.Spec.For(t.Name))
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
+		}
+		jobs[i] = j
+		for c := 0; c < j.l.numChunks(); c++ {
 			tasks = append(tasks, task{i, c})
 		}
 	}
-	if opt.Sparsity > 0 {
-		err := forEach(len(jobs), opt.workers(), func(_, i int) error { return jobs[i].sparsify(opt.Sparsity) })
-		if err != nil {
-			return nil, err
-		}
+	err := forEach(len(jobs), workers, func(_, i int) error { return jobs[i].prepare() })
+	if err != nil {
+		return nil, err
 	}
-	cl := chunkLen(opt.GroupSize)
-	workers := opt.workers()
 	scratch := make([]chunkScratch, workers)
-	err := forEach(len(tasks), workers, func(w, k int) error {
-		if scratch[w].x == nil {
-			scratch[w] = chunkScratch{x: make([]float32, cl), y: make([]float32, cl), q: make([]int8, cl)}
+	err = forEach(len(tasks), workers, func(w, k int) error {
+		j := jobs[tasks[k].tensor]
+		s := scratch[w].get(j.l)
+		if err := j.encodeChunk(tasks[k].chunk, s); err != nil {
+			return err
 		}
-		return jobs[tasks[k].tensor].compressChunk(tasks[k].chunk, &scratch[w])
+		y, err := j.decodeChunk(tasks[k].chunk, s)
+		if err != nil {
+			return err
+		}
+		j.measureChunk(tasks[k].chunk, s.x, y)
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-
-	hdr := &Header{Bits: opt.Bits, GroupSize: opt.GroupSize, Sparsity: opt.Sparsity, Source: src.Metadata}
+	hdr := &Header{Spec: cfg.Spec.String(), Source: src.Metadata}
 	out := &safetensors.File{}
 	var restored *safetensors.File
 	if restore {
 		restored = &safetensors.File{Metadata: src.Metadata}
 	}
-	rep := newReport(opt)
+	rep := newReport(cfg)
 	var total Accumulator
 	for _, j := range jobs {
 		heads := j.heads()
 		var acc Accumulator
-		for h := range heads {
-			acc.Merge(&heads[h])
+		if heads != nil {
+			for h := range heads {
+				acc.Merge(&heads[h])
+			}
+		} else {
+			for _, a := range j.accs {
+				for _, ha := range a {
+					acc.Merge(&ha.acc)
+				}
+			}
 		}
 		total.Merge(&acc)
-		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.t.Name, DType: j.t.DType, Shape: j.t.Shape})
-		enc := j.encoded()
+		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s, Outliers: len(j.out.index)})
+		enc := j.stored()
 		out.Tensors = append(out.Tensors, enc...)
 		if restore {
-			restored.Tensors = append(restored.Tensors, j.restored)
+			restored.Tensors = append(restored.Tensors, safetensors.Tensor{Name: j.name, DType: j.dtype, Shape: j.shape, Data: j.restored})
 		}
-		rep.addTensor(j.t, &acc, heads, opt.Thresholds)
-		rep.SourceSizeBytes += int64(len(j.t.Data))
-		rep.CompressedSizeBytes += int64(len(enc[0].Data) + len(enc[1].Data))
+		rep.addTensor(j, &acc, heads, enc, cfg.Thresholds)
+		rep.SourceSizeBytes += int64(len(j.src))
 	}
 	out.Metadata = hdr.metadata()
-	rep.finish(&total, opt.Thresholds)
+	rep.finish(&total, cfg.Thresholds)
 	size, err := safetensors.EncodedSize(out)
 	if err != nil {
 		return nil, err
@@ -123,51 +144,122 @@ func Compress(src *safetensors.File, opt Options, restore bool) (*Result, error)
 
 type task struct{ tensor, chunk int }
 
+// chunkScratch is one goroutine's buffers, sized for the largest chunk it saw.
 type chunkScratch struct {
-	x, y []float32
-	q    []int8
+	x, a, b, y []float32
+	q          []int8
 }
 
-// tensorJob holds one tensor's inputs, outputs and per-chunk sums.
+func (s *chunkScratch) get(l *layout) *chunkScratch {
+	nat, q := l.chunkUnits*l.unitNat, l.chunkUnits*l.unitQ
+	if len(s.x) < nat {
+		s.x, s.y = make([]float32, nat), make([]float32, nat)
+	}
+	if len(s.a) < q {
+		s.a, s.b, s.q = make([]float32, q), make([]float32, q), make([]int8, q)
+	}
+	return s
+}
+
+// headAcc is the sums of one KV head's elements within a chunk.
+type headAcc struct {
+	head int
+	acc  Accumulator
+}
+
+// tensorJob is one tensor's stored form and, when compressing, its source
+// and per-chunk sums.
 type tensorJob struct {
-	t           *safetensors.Tensor
-	bits, group int
-	n, cl       int
-	nheads      int
-	inner       int
-	sparse      []float32 // the sparsified tensor, when sparsity > 0
-	codes       []byte
-	scales      []uint16
-	restored    safetensors.Tensor
-	restore     bool
-	accs        [][]Accumulator // per chunk, per head
+	name     string
+	dtype    safetensors.DType
+	shape    []int
+	l        *layout
+	src      []byte    // source bytes (compress)
+	pre      []float32 // the source with sparsity and outliers zeroed, when those stages are on
+	out      outlierSet
+	codes    []byte
+	scales   []uint16
+	zeros    []uint16
+	residual []byte // the kept tokens, source dtype
+	restored []byte
+	accs     [][]headAcc // per chunk
 }
 
-func newTensorJob(t *safetensors.Tensor, opt Options, restore bool) *tensorJob {
-	n := t.NumElements()
-	j := &tensorJob{t: t, bits: opt.Bits, group: opt.GroupSize, n: n, cl: chunkLen(opt.GroupSize), restore: restore}
-	j.nheads, j.inner = geometry(t.Shape)
-	j.codes = make([]byte, PackedLen(n, opt.Bits))
-	j.scales = make([]uint16, (n+opt.GroupSize-1)/opt.GroupSize)
-	j.accs = make([][]Accumulator, (n+j.cl-1)/j.cl)
-	if restore {
-		j.restored = safetensors.Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, Data: make([]byte, len(t.Data))}
-	}
-	return j
-}
+// MaxReportedHeads bounds the per-head statistics of one tensor.
+const MaxReportedHeads = 4096
 
-func (j *tensorJob) sparsify(p float64) error {
-	x, err := j.t.Float32s(nil)
+func newJob(name string, dt safetensors.DType, shape []int, s Scheme) (*tensorJob, error) {
+	l, err := newLayout(shape, s)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	j := &tensorJob{name: name, dtype: dt, shape: shape, l: l}
+	j.restored = make([]byte, l.n*dt.Size())
+	return j, nil
+}
+
+func newEncodeJob(t *safetensors.Tensor, s Scheme) (*tensorJob, error) {
+	j, err := newJob(t.Name, t.DType, t.Shape, s)
+	if err != nil {
+		return nil, err
+	}
+	j.src = t.Data
+	j.codes = make([]byte, j.l.codeBytes())
+	if !s.Method.IsGGML() {
+		j.scales = make([]uint16, j.l.groups)
+	}
+	if s.Method == Asym {
+		j.zeros = make([]uint16, j.l.groups)
+	}
+	j.residual = make([]byte, j.l.residualElems()*t.DType.Size())
+	j.accs = make([][]headAcc, j.l.numChunks())
+	return j, nil
+}
+
+// eachQuantized calls yield for the natural index of every quantized element, ascending.
+func (l *layout) eachQuantized(yield func(i int) bool) {
+	for u := 0; u < l.units; u++ {
+		for k := 0; k < l.unitQ; k++ {
+			if !yield(u*l.unitNat + k) {
+				return
+			}
+		}
+	}
+}
+
+// prepare runs the stages that look at the whole tensor before it is
+// quantized: sparsity, then outlier selection, each over the quantized
+// elements only.
+func (j *tensorJob) prepare() error {
+	s := j.l.s
+	if s.Sparsity == 0 && s.Outliers == 0 {
+		return nil
+	}
+	x := make([]float32, j.l.n)
+	safetensors.DecodeFloat32s(x, j.src, j.dtype)
 	if i := firstNonFinite(x); i >= 0 {
-		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.t.Name, i, x[i], ErrNotFinite)
+		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.name, i, x[i], ErrNotFinite)
 	}
-	if err := Sparsify(x, p); err != nil {
-		return fmt.Errorf("tensor %q: %w", j.t.Name, err)
+	if s.Sparsity > 0 {
+		q := make([]float32, 0, j.l.nq)
+		j.l.eachQuantized(func(i int) bool { q = append(q, x[i]); return true })
+		if err := Sparsify(q, s.Sparsity); err != nil {
+			return fmt.Errorf("tensor %q: %w", j.name, err)
+		}
+		k := 0
+		j.l.eachQuantized(func(i int) bool { x[i] = q[k]; k++; return true })
 	}
-	j.sparse = x
+	if s.Outliers > 0 {
+		var err error
+		j.out, err = selectOutliers(x, j.l.eachQuantized, int(s.Outliers*float64(j.l.nq)))
+		if err != nil {
+			return fmt.Errorf("tensor %q: %w", j.name, err)
+		}
+		for _, i := range j.out.index {
+			x[i] = 0
+		}
+	}
+	j.pre = x
 	return nil
 }
 
@@ -181,95 +273,182 @@ func firstNonFinite(x []float32) int {
 	return -1
 }
 
-// compressChunk quantizes, packs, restores and measures chunk c.
-func (j *tensorJob) compressChunk(c int, s *chunkScratch) error {
-	lo, hi := c*j.cl, min(j.n, (c+1)*j.cl)
-	esz := j.t.DType.Size()
-	x, y, q := s.x[:hi-lo], s.y[:hi-lo], s.q[:hi-lo]
-	safetensors.DecodeFloat32s(x, j.t.Data[lo*esz:hi*esz], j.t.DType)
-	xq := x
-	if j.sparse != nil {
-		xq = j.sparse[lo:hi]
+// encodeChunk quantizes chunk c into the stored codes, scales and zero
+// points, and copies its residual tokens. s.x keeps the source values.
+func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
+	l := j.l
+	u0, u1, nlo, nhi, qlo, qhi := l.chunk(c)
+	esz := j.dtype.Size()
+	x := s.x[:nhi-nlo]
+	safetensors.DecodeFloat32s(x, j.src[nlo*esz:nhi*esz], j.dtype)
+	if i := firstNonFinite(x); i >= 0 {
+		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.name, nlo+i, x[i], ErrNotFinite)
 	}
-	g := j.group
-	for gs := 0; gs < len(x); gs += g {
-		ge := min(gs+g, len(x))
-		h, err := QuantizeGroup(xq[gs:ge], j.bits, q[gs:ge])
-		if errors.Is(err, ErrNotFinite) {
-			i := gs + firstNonFinite(x[gs:ge])
-			return fmt.Errorf("tensor %q: element %d is %v (%w)", j.t.Name, lo+i, x[i], err)
+	src := x
+	if j.pre != nil {
+		src = j.pre[nlo:nhi]
+	}
+	xq := src
+	if l.slab || l.s.Rotate {
+		xq = s.a[:qhi-qlo]
+		l.gather(xq, src, u0, u1)
+	}
+	if l.s.Rotate {
+		RotateRows(xq, l.d)
+	}
+	xp := l.toQOrder(s.b, xq)
+	q := s.q[:qhi-qlo]
+	m := l.s.Method
+	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
+		var err error
+		switch {
+		case m == Sym:
+			j.scales[gi], err = QuantizeGroup(xp[gs:ge], l.s.Bits, q[gs:ge])
+		case m == Asym:
+			j.scales[gi], j.zeros[gi], err = QuantizeGroupAsym(xp[gs:ge], l.s.Bits, q[gs:ge])
+		default:
+			bb := GGMLBlockBytes(m)
+			err = QuantizeBlockGGML(m, xp[gs:ge], j.codes[gi*bb:(gi+1)*bb])
 		}
 		if err != nil {
-			return fmt.Errorf("tensor %q: group %d: %w", j.t.Name, (lo+gs)/g, err)
+			return fmt.Errorf("tensor %q: group %d: %w", j.name, gi, err)
 		}
-		j.scales[(lo+gs)/g] = h
-		DequantizeGroup(y[gs:ge], q[gs:ge], h)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	Pack(j.codes[lo*j.bits/8:PackedLen(hi, j.bits)], q, j.bits)
-	roundToDType(y, j.t.DType)
-	if j.restore {
-		safetensors.EncodeFloat32s(j.restored.Data[lo*esz:hi*esz], y, j.t.DType)
+	if !m.IsGGML() {
+		Pack(j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], q, l.s.Bits)
 	}
-	accs := make([]Accumulator, j.nheads)
-	for i := lo; i < hi; {
-		seg := i / j.inner
-		end := min(hi, (seg+1)*j.inner)
-		accs[seg%j.nheads].Add(x[i-lo:end-lo], y[i-lo:end-lo])
-		i = end
+	if l.residualElems() > 0 {
+		rt := (l.t - l.tq) * l.d // residual elements per slab
+		for u := u0; u < u1; u++ {
+			copy(j.residual[u*rt*esz:(u+1)*rt*esz], j.src[(u*l.unitNat+l.unitQ)*esz:(u+1)*l.unitNat*esz])
+		}
 	}
-	j.accs[c] = accs
 	return nil
 }
 
+// decodeChunk restores chunk c from the stored form into s.y (natural
+// order, rounded to the source dtype) and into j.restored.
+func (j *tensorJob) decodeChunk(c int, s *chunkScratch) ([]float32, error) {
+	l := j.l
+	u0, u1, nlo, nhi, qlo, qhi := l.chunk(c)
+	esz := j.dtype.Size()
+	m := l.s.Method
+	yp := s.a[:qhi-qlo]
+	q := s.q[:qhi-qlo]
+	if !m.IsGGML() {
+		Unpack(q, j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], l.s.Bits)
+	}
+	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
+		switch {
+		case m == Sym:
+			if j.scales[gi]&0x7c00 == 0x7c00 {
+				return fmt.Errorf("tensor %q: group %d: scale is not finite", j.name, gi)
+			}
+			DequantizeGroup(yp[gs:ge], q[gs:ge], j.scales[gi])
+		case m == Asym:
+			if j.scales[gi]&0x7c00 == 0x7c00 || j.zeros[gi]&0x7c00 == 0x7c00 {
+				return fmt.Errorf("tensor %q: group %d: scale or zero point is not finite", j.name, gi)
+			}
+			DequantizeGroupAsym(yp[gs:ge], q[gs:ge], l.s.Bits, j.scales[gi], j.zeros[gi])
+		default:
+			bb := GGMLBlockBytes(m)
+			if err := DequantizeBlockGGML(m, j.codes[gi*bb:(gi+1)*bb], yp[gs:ge]); err != nil {
+				return fmt.Errorf("tensor %q: group %d: %w", j.name, gi, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	yq := l.fromQOrder(s.b, yp)
+	if l.s.Rotate {
+		RotateRows(yq, l.d)
+	}
+	y := yq
+	if l.slab {
+		y = s.y[:nhi-nlo]
+		l.scatter(y, yq, u0, u1)
+		rt := (l.t - l.tq) * l.d
+		for u := u0; u < u1; u++ {
+			off := (u-u0)*l.unitNat + l.unitQ
+			safetensors.DecodeFloat32s(y[off:off+rt], j.residual[u*rt*esz:(u+1)*rt*esz], j.dtype)
+		}
+	}
+	j.out.restore(y, nlo, nhi)
+	roundToDType(y, j.dtype)
+	safetensors.EncodeFloat32s(j.restored[nlo*esz:nhi*esz], y, j.dtype)
+	return y, nil
+}
+
+// measureChunk accumulates the error of chunk c, per KV head where the
+// tensor has a head axis (4-D, at most MaxReportedHeads heads).
+func (j *tensorJob) measureChunk(c int, x, y []float32) {
+	l := j.l
+	_, _, nlo, nhi, _, _ := l.chunk(c)
+	x = x[:nhi-nlo]
+	if !l.fourD || l.h > MaxReportedHeads {
+		var a Accumulator
+		a.Add(x, y)
+		j.accs[c] = []headAcc{{0, a}}
+		return
+	}
+	var accs []headAcc
+	slab := l.t * l.d
+	for i := nlo; i < nhi; {
+		end := min(nhi, (i/slab+1)*slab)
+		h := l.head(i)
+		if len(accs) == 0 || accs[len(accs)-1].head != h {
+			accs = append(accs, headAcc{head: h})
+		}
+		accs[len(accs)-1].acc.Add(x[i-nlo:end-nlo], y[i-nlo:end-nlo])
+		i = end
+	}
+	j.accs[c] = accs
+}
+
 // heads merges the chunks' sums per head, in chunk order, so the floating
-// point sums do not depend on how goroutines were scheduled.
+// point sums do not depend on how goroutines were scheduled. Nil when the
+// tensor has no head axis.
 func (j *tensorJob) heads() []Accumulator {
-	heads := make([]Accumulator, j.nheads)
+	if !j.l.fourD || j.l.h > MaxReportedHeads {
+		return nil
+	}
+	heads := make([]Accumulator, j.l.h)
 	for _, accs := range j.accs {
-		for h := range accs {
-			heads[h].Merge(&accs[h])
+		for _, ha := range accs {
+			heads[ha.head].Merge(&ha.acc)
 		}
 	}
 	return heads
 }
 
-func (j *tensorJob) encoded() []safetensors.Tensor {
-	scaleBytes := make([]byte, 2*len(j.scales))
-	for i, s := range j.scales {
-		binary.LittleEndian.PutUint16(scaleBytes[2*i:], s)
+// stored returns the tensors that hold j in a compressed file.
+func (j *tensorJob) stored() []safetensors.Tensor {
+	f16 := func(v []uint16) []byte {
+		b := make([]byte, 2*len(v))
+		for i, s := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], s)
+		}
+		return b
 	}
-	return []safetensors.Tensor{
-		{Name: j.t.Name + CodesSuffix, DType: safetensors.U8, Shape: []int{len(j.codes)}, Data: j.codes},
-		{Name: j.t.Name + ScalesSuffix, DType: safetensors.F16, Shape: []int{len(j.scales)}, Data: scaleBytes},
+	ts := []safetensors.Tensor{{Name: j.name + CodesSuffix, DType: safetensors.U8, Shape: []int{len(j.codes)}, Data: j.codes}}
+	if j.scales != nil {
+		ts = append(ts, safetensors.Tensor{Name: j.name + ScalesSuffix, DType: safetensors.F16, Shape: []int{len(j.scales)}, Data: f16(j.scales)})
 	}
-}
-
-// geometry splits a tensor along axis 1 (the KV head of a [batch, heads,
-// seq, head_dim] cache): element i belongs to slice (i / inner) % heads.
-func geometry(shape []int) (heads, inner int) {
-	if len(shape) < 2 || shape[1] == 0 {
-		return 1, max(1, product(shape))
+	if j.zeros != nil {
+		ts = append(ts, safetensors.Tensor{Name: j.name + ZerosSuffix, DType: safetensors.F16, Shape: []int{len(j.zeros)}, Data: f16(j.zeros)})
 	}
-	inner = 1
-	for _, d := range shape[2:] {
-		inner *= d
+	ts = append(ts, j.out.tensors(j.name)...)
+	if len(j.residual) > 0 {
+		l := j.l
+		ts = append(ts, safetensors.Tensor{Name: j.name + ResidualSuffix, DType: j.dtype, Shape: []int{l.b, l.h, l.t - l.tq, l.d}, Data: j.residual})
 	}
-	return shape[1], max(inner, 1)
-}
-
-func product(shape []int) int {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
-	return n
-}
-
-// chunkLen is the elements one goroutine takes at a time: whole groups, and
-// a multiple of 8 groups so that every chunk's codes start on a byte.
-func chunkLen(groupSize int) int {
-	groups := max(8, (1<<14)/groupSize/8*8)
-	return groups * groupSize
+	return ts
 }
 
 // forEach runs fn(worker, i) for i in [0, n) on the given goroutines and
@@ -304,17 +483,20 @@ func forEach(n, workers int, fn func(worker, i int) error) error {
 	return nil
 }
 
-// roundToDType rounds float32 values to what dtype dt can hold, so metrics
-// measure the reconstruction exactly as it is written.
+// roundToDType rounds float32 values to what dtype dt can hold, saturating
+// at its largest finite value (a reconstruction never becomes Inf), so
+// metrics measure the reconstruction exactly as it is written.
 func roundToDType(y []float32, dt safetensors.DType) {
 	switch dt {
 	case safetensors.F16:
+		const lim = 65504
 		for i, v := range y {
-			y[i] = safetensors.FP16ToFloat32(safetensors.Float32ToFP16(v))
+			y[i] = safetensors.FP16ToFloat32(safetensors.Float32ToFP16(min(max(v, -lim), lim)))
 		}
 	case safetensors.BF16:
+		const lim = 0x1.fep127 // BF16's largest finite value
 		for i, v := range y {
-			y[i] = safetensors.BF16ToFloat32(safetensors.Float32ToBF16(v))
+			y[i] = safetensors.BF16ToFloat32(safetensors.Float32ToBF16(min(max(v, -lim), lim)))
 		}
 	}
 }
@@ -329,41 +511,53 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
+	workers = min(workers, MaxWorkers)
 	out := &safetensors.File{Metadata: hdr.Source}
-	bits, g := hdr.Bits, hdr.GroupSize
-	cl := chunkLen(g)
+	jobs := make([]*tensorJob, len(hdr.Tensors))
 	var tasks []task
 	for i, ti := range hdr.Tensors {
-		n := ti.NumElements()
-		out.Tensors = append(out.Tensors, safetensors.Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, Data: make([]byte, n*ti.DType.Size())})
-		for c := 0; c*cl < n; c++ {
+		st, err := checkStored(src, ti)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+		}
+		j, err := newJob(ti.Name, ti.DType, ti.Shape, ti.Scheme)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+		}
+		j.codes, j.out = st.codes.Data, st.outliers
+		if st.scales != nil {
+			j.scales = u16s(st.scales.Data)
+		}
+		if st.zeros != nil {
+			j.zeros = u16s(st.zeros.Data)
+		}
+		if st.residual != nil {
+			j.residual = st.residual.Data
+		}
+		jobs[i] = j
+		for c := 0; c < j.l.numChunks(); c++ {
 			tasks = append(tasks, task{i, c})
 		}
 	}
 	scratch := make([]chunkScratch, workers)
 	err = forEach(len(tasks), workers, func(w, k int) error {
-		if scratch[w].y == nil {
-			scratch[w] = chunkScratch{y: make([]float32, cl), q: make([]int8, cl)}
-		}
-		ti, rest := hdr.Tensors[tasks[k].tensor], &out.Tensors[tasks[k].tensor]
-		codes, scales := src.Tensor(ti.Name+CodesSuffix), src.Tensor(ti.Name+ScalesSuffix)
-		n, esz := ti.NumElements(), ti.DType.Size()
-		lo, hi := tasks[k].chunk*cl, min(n, (tasks[k].chunk+1)*cl)
-		q, y := scratch[w].q[:hi-lo], scratch[w].y[:hi-lo]
-		Unpack(q, codes.Data[lo*bits/8:PackedLen(hi, bits)], bits)
-		for gs := lo; gs < hi; gs += g {
-			ge := min(gs+g, hi)
-			h := binary.LittleEndian.Uint16(scales.Data[2*(gs/g):])
-			if h&0x7c00 == 0x7c00 {
-				return fmt.Errorf("tensor %q: group %d: scale is not finite", ti.Name, gs/g)
-			}
-			DequantizeGroup(y[gs-lo:ge-lo], q[gs-lo:ge-lo], h)
-		}
-		safetensors.EncodeFloat32s(rest.Data[lo*esz:hi*esz], y, ti.DType)
-		return nil
+		j := jobs[tasks[k].tensor]
+		_, err := j.decodeChunk(tasks[k].chunk, scratch[w].get(j.l))
+		return err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, j := range jobs {
+		out.Tensors = append(out.Tensors, safetensors.Tensor{Name: j.name, DType: j.dtype, Shape: j.shape, Data: j.restored})
+	}
 	return out, hdr, nil
+}
+
+func u16s(b []byte) []uint16 {
+	v := make([]uint16, len(b)/2)
+	for i := range v {
+		v[i] = binary.LittleEndian.Uint16(b[2*i:])
+	}
+	return v
 }

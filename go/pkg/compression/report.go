@@ -1,6 +1,11 @@
 package compression
 
-import "kvlib/pkg/safetensors"
+import (
+	"math"
+	"strings"
+
+	"kvlib/pkg/safetensors"
+)
 
 // Report is the JSON object kv-compress prints: the design documents'
 // CompressionMetrics plus the settings, sizes and per-tensor metrics.
@@ -12,9 +17,16 @@ type Report struct {
 	Format        string `json:"format"`
 	FormatVersion int    `json:"format_version"`
 
-	Bits      int     `json:"bits"`
-	GroupSize int     `json:"group_size"`
-	Sparsity  float64 `json:"sparsity"`
+	// Scheme is the canonical spec, SchemeName its preset name (or the
+	// spec); KeyScheme and ValueScheme spell it out per role. Bits,
+	// GroupSize and Sparsity repeat the value scheme's, as version 1 had them.
+	Scheme      string  `json:"scheme"`
+	SchemeName  string  `json:"scheme_name"`
+	KeyScheme   *Scheme `json:"key_scheme,omitempty"`
+	ValueScheme *Scheme `json:"value_scheme,omitempty"`
+	Bits        int     `json:"bits"`
+	GroupSize   int     `json:"group_size"`
+	Sparsity    float64 `json:"sparsity"`
 
 	NumTensors  int   `json:"num_tensors"`
 	NumElements int64 `json:"num_elements"`
@@ -23,7 +35,10 @@ type Report struct {
 	// cache in its own dtypes (F32 caches: twice OriginalSizeBytes).
 	OriginalSizeBytes   int64   `json:"original_size_bytes"`
 	SourceSizeBytes     int64   `json:"source_size_bytes"`
-	CompressedSizeBytes int64   `json:"compressed_size_bytes"` // packed codes + FP16 scales
+	CompressedSizeBytes int64   `json:"compressed_size_bytes"` // everything stored for the tensors
+	// StoredBytes splits CompressedSizeBytes by part: codes, scales, zeros,
+	// outliers (indices and values) and residual (exact tokens).
+	StoredBytes map[string]int64 `json:"stored_bytes"`
 	CompressedFileBytes int64   `json:"compressed_file_bytes"` // the whole compressed safetensors file
 	CompressionRatio    float64 `json:"compression_ratio"`
 	BitsPerElement      float64 `json:"bits_per_element"`
@@ -47,10 +62,14 @@ type Report struct {
 // TensorReport holds one tensor's metrics. The Head* slices split it along
 // axis 1, the KV head of a [batch, heads, seq, head_dim] cache.
 type TensorReport struct {
-	Name        string            `json:"name"`
-	DType       safetensors.DType `json:"dtype"`
-	Shape       []int             `json:"shape"`
-	NumElements int64             `json:"num_elements"`
+	Name                string            `json:"name"`
+	DType               safetensors.DType `json:"dtype"`
+	Shape               []int             `json:"shape"`
+	Scheme              string            `json:"scheme"`
+	NumElements         int64             `json:"num_elements"`
+	CompressedSizeBytes int64             `json:"compressed_size_bytes"`
+	BitsPerElement      float64           `json:"bits_per_element"`
+	Outliers            int               `json:"outliers"`
 	Quality
 	Passed         bool    `json:"passed"`
 	ErrorHistogram []int64 `json:"error_histogram"`
@@ -91,22 +110,55 @@ func sumsOf(a *Accumulator) Sums {
 	return Sums{N: a.N, SumX2: a.SumX2, SumY2: a.SumY2, SumXY: a.SumXY, SumE2: a.SumE2, MaxError: a.MaxError}
 }
 
-func newReport(opt Options) *Report {
-	return &Report{
+func newReport(cfg Config) *Report {
+	r := &Report{
 		Format: FormatName, FormatVersion: FormatVersion,
-		Bits: opt.Bits, GroupSize: opt.GroupSize, Sparsity: opt.Sparsity,
-		Thresholds: &opt.Thresholds, Violations: []string{},
+		Thresholds: &cfg.Thresholds, Violations: []string{}, StoredBytes: map[string]int64{},
 		ErrorHistogramEdges: HistogramEdges(), Tensors: []TensorReport{},
 	}
+	r.setScheme(cfg.Spec)
+	return r
 }
 
-func (r *Report) addTensor(t *safetensors.Tensor, acc *Accumulator, heads []Accumulator, th Thresholds) {
+func (r *Report) setScheme(s Spec) {
+	k, v := s.Key, s.Value
+	r.Scheme, r.SchemeName, r.KeyScheme, r.ValueScheme = s.String(), s.Name(), &k, &v
+	r.Bits, r.GroupSize, r.Sparsity = v.Bits, v.Group, v.Sparsity
+}
+
+// partName is the StoredBytes key of a stored tensor, from its suffix.
+func partName(tensor, name string) string {
+	switch name[len(tensor):] {
+	case CodesSuffix:
+		return "codes"
+	case ScalesSuffix:
+		return "scales"
+	case ZerosSuffix:
+		return "zeros"
+	case ResidualSuffix:
+		return "residual"
+	}
+	return "outliers"
+}
+
+func (r *Report) addTensor(j *tensorJob, acc *Accumulator, heads []Accumulator, stored []safetensors.Tensor, th Thresholds) {
+	var size int64
+	for _, t := range stored {
+		size += int64(len(t.Data))
+		r.StoredBytes[partName(j.name, t.Name)] += int64(len(t.Data))
+	}
+	r.CompressedSizeBytes += size
 	tr := TensorReport{
-		Name: t.Name, DType: t.DType, Shape: t.Shape, NumElements: acc.N,
+		Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s.String(), NumElements: acc.N,
+		CompressedSizeBytes: size, Outliers: len(j.out.index),
 		Quality:        qualityOf(acc),
 		Passed:         len(th.Violations(acc)) == 0,
 		ErrorHistogram: append([]int64(nil), acc.Hist[:]...),
 		Sums:           sumsOf(acc),
+		HeadRMSE:       []Float{}, HeadSNRDB: []Float{}, HeadSums: []Sums{},
+	}
+	if acc.N > 0 {
+		tr.BitsPerElement = 8 * float64(size) / float64(acc.N)
 	}
 	for h := range heads {
 		tr.HeadSums = append(tr.HeadSums, sumsOf(&heads[h]))
@@ -131,4 +183,79 @@ func (r *Report) finish(total *Accumulator, th Thresholds) {
 	r.Quality = qualityOf(total)
 	r.Violations = th.Violations(total)
 	r.Passed = len(r.Violations) == 0
+}
+
+// DecompressReport describes a restore: sizes and settings; there is no
+// original to measure against, so the quality fields are null.
+func DecompressReport(src, restored *safetensors.File, hdr *Header) *Report {
+	rep := &Report{
+		Format: FormatName, FormatVersion: hdr.Version,
+		NumTensors: len(restored.Tensors), Passed: true, Violations: []string{},
+		StoredBytes: map[string]int64{}, Tensors: []TensorReport{},
+	}
+	if s, err := ParseSpec(hdr.Spec); err == nil {
+		rep.setScheme(s)
+	} else {
+		rep.Scheme, rep.SchemeName = hdr.Spec, hdr.Spec
+	}
+	nan := Float(math.NaN()) // nothing to measure against: null in JSON
+	rep.Quality = Quality{RMSE: nan, SNRDB: nan, CosineSimilarity: nan, MaxError: nan}
+	for i := range restored.Tensors {
+		rep.NumElements += int64(restored.Tensors[i].NumElements())
+		rep.SourceSizeBytes += int64(len(restored.Tensors[i].Data))
+	}
+	for _, ti := range hdr.Tensors {
+		for _, t := range src.Tensors {
+			if strings.HasPrefix(t.Name, ti.Name+".") {
+				rep.StoredBytes[partName(ti.Name, t.Name)] += int64(len(t.Data))
+				rep.CompressedSizeBytes += int64(len(t.Data))
+			}
+		}
+	}
+	rep.OriginalSizeBytes = 2 * rep.NumElements
+	if rep.CompressedSizeBytes > 0 {
+		rep.CompressionRatio = float64(rep.OriginalSizeBytes) / float64(rep.CompressedSizeBytes)
+		rep.BitsPerElement = 8 * float64(rep.CompressedSizeBytes) / float64(max(rep.NumElements, 1))
+	}
+	rep.CompressedFileBytes, _ = safetensors.EncodedSize(src)
+	return rep
+}
+
+// SchemeInfo describes a spec: what check prints, and each entry of schemes.
+type SchemeInfo struct {
+	Command     string  `json:"command,omitempty"`
+	Name        string  `json:"name"`
+	Scheme      string  `json:"scheme"`
+	KeyScheme   Scheme  `json:"key_scheme"`
+	ValueScheme Scheme  `json:"value_scheme"`
+	KeyBits     float64 `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
+	ValueBits   float64 `json:"value_bits_per_element"` // (measured sizes come from compress)
+}
+
+// NominalBits is the storage cost per element of a scheme's codes and
+// per-group parameters, before outliers and residual tokens.
+func (s Scheme) NominalBits() float64 {
+	if s.Method.IsGGML() {
+		return float64(8*GGMLBlockBytes(s.Method)) / GGMLBlock
+	}
+	params := 16.0
+	if s.Method == Asym {
+		params = 32
+	}
+	return float64(s.Bits) + params/float64(s.Group) + 48*s.Outliers
+}
+
+// SchemeReport is what check prints for a spec.
+func SchemeReport(cmd string, s Spec) SchemeInfo {
+	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value,
+		KeyBits: s.Key.NominalBits(), ValueBits: s.Value.NominalBits()}
+}
+
+// PresetsReport is what schemes prints: every preset, in order.
+func PresetsReport() []SchemeInfo {
+	var out []SchemeInfo
+	for _, name := range PresetNames() {
+		out = append(out, SchemeReport("", presets[name]))
+	}
+	return out
 }

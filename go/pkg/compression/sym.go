@@ -8,34 +8,17 @@ import (
 	"kvlib/pkg/safetensors"
 )
 
-// MinBits and MaxBits bound the code width.
-const (
-	MinBits = 2
-	MaxBits = 8
-)
-
 // ErrScaleOverflow reports a group whose scale does not fit in FP16.
 var ErrScaleOverflow = errors.New("group scale overflows FP16")
 
 // ErrNotFinite reports a NaN or Inf in a group.
 var ErrNotFinite = errors.New("NaN or Inf cannot be quantized")
 
-// CheckParams validates a code width and group size.
-func CheckParams(bits, groupSize int) error {
-	if bits < MinBits || bits > MaxBits {
-		return fmt.Errorf("bits %d out of range [%d, %d]", bits, MinBits, MaxBits)
-	}
-	if groupSize <= 0 || groupSize%2 != 0 {
-		return fmt.Errorf("group size %d must be a positive even number", groupSize)
-	}
-	return nil
-}
-
 // roundMagic rounds half to even for |v| < 2^22 by float32 addition: the
 // sum's ulp is 1, so the FPU's own round-to-nearest-even does the work.
 const roundMagic = float32(1 << 23 * 1.5)
 
-// QuantizeGroup quantizes one group x into codes (len(x) values) and
+// QuantizeGroup (sym) quantizes one group x symmetrically into codes (len(x) values) and
 // returns the FP16 bits of its scale. A NaN or Inf in x is ErrNotFinite.
 func QuantizeGroup(x []float32, bits int, codes []int8) (uint16, error) {
 	iqmax := int32(1)<<(bits-1) - 1

@@ -1,0 +1,66 @@
+package compression
+
+import (
+	"fmt"
+	"math"
+
+	"kvlib/pkg/safetensors"
+)
+
+// QuantizeGroupAsym quantizes one group x asymmetrically to unsigned codes
+// in [0, 2^bits-1], stored in codes as their low bits (Pack masks them),
+// and returns the FP16 bits of the scale s and the zero point m:
+//
+//	m = fp16(min x), s = fp16((max x - min x) / (2^bits - 1))
+//	q = clamp(roundHalfEven((x - m) / s), 0, 2^bits - 1), or 0 where s = 0
+//
+// all in float32. A NaN or Inf in x is ErrNotFinite; m or s beyond FP16 is
+// ErrScaleOverflow.
+func QuantizeGroupAsym(x []float32, bits int, codes []int8) (scale, zero uint16, err error) {
+	lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
+	for _, v := range x {
+		lo = min(lo, v)
+		hi = max(hi, v)
+	}
+	if len(x) > 0 && (lo != lo || hi != hi || math.IsInf(float64(lo), 0) || math.IsInf(float64(hi), 0)) {
+		return 0, 0, ErrNotFinite
+	}
+	if len(x) == 0 {
+		lo, hi = 0, 0
+	}
+	qmax := float32(int32(1)<<bits - 1)
+	zero = safetensors.Float32ToFP16(lo)
+	scale = safetensors.Float32ToFP16((hi - lo) / qmax)
+	if zero&0x7c00 == 0x7c00 || scale&0x7c00 == 0x7c00 {
+		return 0, 0, fmt.Errorf("%w (group range [%g, %g])", ErrScaleOverflow, lo, hi)
+	}
+	m, s := safetensors.FP16ToFloat32(zero), safetensors.FP16ToFloat32(scale)
+	codes = codes[:len(x)]
+	if s == 0 {
+		for i := range codes {
+			codes[i] = 0
+		}
+		return scale, zero, nil
+	}
+	for i, v := range x {
+		// Clamp before rounding: the bounds are integers, so the order does
+		// not change the result, and the magic-number rounding stays exact.
+		r := min(max((v-m)/s, 0), qmax)
+		codes[i] = int8(uint8((r + roundMagic) - roundMagic))
+	}
+	return scale, zero, nil
+}
+
+// DequantizeGroupAsym writes float32(q*s) + m into dst; codes hold the
+// unsigned codes in their low bits (as Unpack leaves them, sign-extended).
+func DequantizeGroupAsym(dst []float32, codes []int8, bits int, scale, zero uint16) {
+	s, m := safetensors.FP16ToFloat32(scale), safetensors.FP16ToFloat32(zero)
+	mask := uint8(1)<<bits - 1
+	if bits == 8 {
+		mask = 0xff
+	}
+	for i, q := range codes[:len(dst)] {
+		// The conversion rounds the product first: no fused multiply-add.
+		dst[i] = float32(float32(uint8(q)&mask)*s) + m
+	}
+}

@@ -1,0 +1,218 @@
+package compression
+
+import (
+	"fmt"
+	"math"
+)
+
+// A layout maps a tensor's elements to its scheme's groups.
+//
+// The quantized elements are the whole tensor, or, with a residual of R
+// tokens, the first T-R tokens of each [batch, head] slab of a
+// [batch, heads, T, head_dim] tensor. In "q-order" they are lined up in
+// rows that groups never cross: along the token axis one row holding the
+// quantized elements row-major (so groups run along head_dim and on into
+// the next token, the last group may be shorter); along the channel axis
+// one row per (batch, head, channel) holding that channel's T-R tokens
+// (the last group of each row may be shorter). Codes, scales and zero
+// points are stored in q-order.
+//
+// Work is split into chunks of whole units: (batch, head) slabs when the
+// scheme keeps a residual or groups along channels, head_dim rows when it
+// rotates, single elements otherwise. A chunk's first code starts on a
+// byte and, along the token axis, on a group.
+type layout struct {
+	s                 Scheme
+	n                 int
+	fourD             bool
+	b, h, t, d        int
+	tq                int  // quantized tokens per slab (4-D)
+	slab              bool // units are (batch, head) slabs
+	nq                int  // quantized elements
+	rowLen, gpr, rows int  // q-order rows, groups per row
+	groups            int
+	unitNat, unitQ    int // elements per unit: all, quantized
+	units, chunkUnits int
+}
+
+// chunkTarget is about how many elements one goroutine takes at a time.
+const chunkTarget = 1 << 14
+
+func newLayout(shape []int, s Scheme) (*layout, error) {
+	l := &layout{s: s, n: product(shape), fourD: len(shape) == 4}
+	if s.needs4D() && !l.fourD {
+		return nil, fmt.Errorf("scheme %s needs a 4-D [batch, heads, tokens, head_dim] tensor, shape is %v", s, shape)
+	}
+	if l.fourD {
+		l.b, l.h, l.t, l.d = shape[0], shape[1], shape[2], shape[3]
+		l.tq = l.t - min(s.Residual, l.t)
+	}
+	if s.Rotate && !isPow2(l.d) {
+		return nil, fmt.Errorf("rotation needs a power-of-two head_dim, shape is %v", shape)
+	}
+	if s.Outliers > 0 && l.n > math.MaxUint32 {
+		return nil, fmt.Errorf("outliers need at most 2^32 elements, tensor has %d", l.n)
+	}
+	l.slab = l.fourD && (s.Residual > 0 || s.Axis == Channel)
+	switch {
+	case l.slab:
+		l.unitNat, l.unitQ, l.units = l.t*l.d, l.tq*l.d, l.b*l.h
+	case s.Rotate:
+		l.unitNat, l.unitQ, l.units = l.d, l.d, l.n/max(l.d, 1)
+	default:
+		l.unitNat, l.unitQ, l.units = 1, 1, l.n
+	}
+	l.nq = l.unitQ * l.units
+	if s.Method.IsGGML() && l.nq%GGMLBlock != 0 {
+		return nil, fmt.Errorf("%s needs a multiple of %d quantized elements, tensor has %d", s.Method, GGMLBlock, l.nq)
+	}
+	switch {
+	case l.nq == 0:
+	case s.Axis == Channel:
+		l.rowLen, l.rows = l.tq, l.b*l.h*l.d
+	default:
+		l.rowLen, l.rows = l.nq, 1
+	}
+	if l.rowLen > 0 {
+		l.gpr = (l.rowLen-1)/s.Group + 1
+		l.groups = l.rows * l.gpr
+	}
+	// Chunk alignment: the first code on a byte (8 codes), and along the
+	// token axis on a group.
+	align := 8
+	if s.Axis == Token {
+		align = lcm(align, s.Group)
+	}
+	k0 := 1
+	if l.unitQ > 0 {
+		k0 = align / gcd(l.unitQ, align)
+	}
+	l.chunkUnits = k0
+	if l.unitNat <= chunkTarget/k0 {
+		l.chunkUnits = k0 * max(1, chunkTarget/(k0*l.unitNat))
+	}
+	l.chunkUnits = max(1, min(l.chunkUnits, l.units))
+	return l, nil
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+func lcm(a, b int) int { return a / gcd(a, b) * b }
+
+func product(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+func (l *layout) numChunks() int {
+	if l.units == 0 {
+		return 0
+	}
+	return (l.units-1)/l.chunkUnits + 1
+}
+
+// chunk returns chunk c's units and its ranges of elements (natural
+// order) and of quantized elements (q-order).
+func (l *layout) chunk(c int) (u0, u1, nlo, nhi, qlo, qhi int) {
+	u0, u1 = c*l.chunkUnits, min(l.units, (c+1)*l.chunkUnits)
+	return u0, u1, u0 * l.unitNat, u1 * l.unitNat, u0 * l.unitQ, u1 * l.unitQ
+}
+
+// codeBytes is the size of the stored codes (packed, or ggml blocks).
+func (l *layout) codeBytes() int {
+	if l.s.Method.IsGGML() {
+		return l.nq / GGMLBlock * GGMLBlockBytes(l.s.Method)
+	}
+	return PackedLen(l.nq, l.s.Bits)
+}
+
+// residualElems is how many elements are kept exact.
+func (l *layout) residualElems() int {
+	if !l.slab {
+		return 0
+	}
+	return l.n - l.nq
+}
+
+// eachGroup calls fn for the groups of q-order range [qlo, qhi) (chunk
+// bounds, so whole groups): its bounds relative to qlo and its index.
+func (l *layout) eachGroup(qlo, qhi int, fn func(gs, ge, gi int) error) error {
+	for r := qlo; r < qhi; {
+		row := r / l.rowLen
+		rs := row * l.rowLen
+		k := (r - rs) / l.s.Group
+		ge := min(rs+(k+1)*l.s.Group, rs+l.rowLen)
+		if err := fn(r-qlo, ge-qlo, row*l.gpr+k); err != nil {
+			return err
+		}
+		r = ge
+	}
+	return nil
+}
+
+// gather copies the quantized elements of units [u0, u1) from src (their
+// natural elements) into dst, in natural order.
+func (l *layout) gather(dst, src []float32, u0, u1 int) {
+	if !l.slab {
+		copy(dst, src)
+		return
+	}
+	for u := 0; u < u1-u0; u++ {
+		copy(dst[u*l.unitQ:(u+1)*l.unitQ], src[u*l.unitNat:u*l.unitNat+l.unitQ])
+	}
+}
+
+// scatter is the inverse of gather.
+func (l *layout) scatter(dst, src []float32, u0, u1 int) {
+	if !l.slab {
+		copy(dst, src)
+		return
+	}
+	for u := 0; u < u1-u0; u++ {
+		copy(dst[u*l.unitNat:u*l.unitNat+l.unitQ], src[u*l.unitQ:(u+1)*l.unitQ])
+	}
+}
+
+// toQOrder lines up the quantized elements of whole slabs for channel
+// groups (each slab [tq, d] becomes [d, tq]); other layouts are already
+// in q-order, and it returns src itself.
+func (l *layout) toQOrder(dst, src []float32) []float32 {
+	if l.s.Axis != Channel {
+		return src
+	}
+	transpose(dst[:len(src)], src, l.tq, l.d)
+	return dst[:len(src)]
+}
+
+// fromQOrder is the inverse of toQOrder.
+func (l *layout) fromQOrder(dst, src []float32) []float32 {
+	if l.s.Axis != Channel {
+		return src
+	}
+	transpose(dst[:len(src)], src, l.d, l.tq)
+	return dst[:len(src)]
+}
+
+// transpose writes each [r, c] matrix of src as [c, r] into dst.
+func transpose(dst, src []float32, r, c int) {
+	m := r * c
+	for base := 0; base+m <= len(src); base += m {
+		s, d := src[base:base+m], dst[base:base+m]
+		for i := 0; i < r; i++ {
+			for j := 0; j < c; j++ {
+				d[j*r+i] = s[i*c+j]
+			}
+		}
+	}
+}
+
+// head returns the KV head of natural element i of a 4-D tensor.
+func (l *layout) head(i int) int { return i / (l.t * l.d) % l.h }

@@ -1,0 +1,363 @@
+package compression
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Method is a scheme's group quantizer.
+type Method string
+
+// The quantizers: symmetric and asymmetric integer groups, and llama.cpp's
+// ggml block types (blocks of 32 along the row-major tensor).
+const (
+	Sym  Method = "sym"
+	Asym Method = "asym"
+	Q4_0 Method = "q4_0"
+	Q4_1 Method = "q4_1"
+	Q5_0 Method = "q5_0"
+	Q5_1 Method = "q5_1"
+	Q8_0 Method = "q8_0"
+)
+
+// IsGGML reports whether m is a ggml block type.
+func (m Method) IsGGML() bool { _, ok := ggmlTypes[m]; return ok }
+
+// Axis says which elements share a group.
+type Axis string
+
+// Token groups are runs of consecutive elements of the row-major tensor
+// (along head_dim); channel groups are runs of consecutive tokens of one
+// channel of one head of a [batch, heads, tokens, head_dim] tensor.
+const (
+	Token   Axis = "token"
+	Channel Axis = "channel"
+)
+
+// Bounds on a scheme's numbers. A group or residual beyond them cannot
+// exist in any tensor this codec reads.
+const (
+	MinBits      = 2
+	MaxBits      = 8
+	MaxGroupSize = 1 << 30
+	MaxResidual  = 1 << 30
+	GGMLBlock    = 32
+)
+
+// Scheme is how one tensor is quantized. The zero values of the optional
+// stages (Rotate, Outliers, Residual, Sparsity) switch them off.
+type Scheme struct {
+	Method   Method  `json:"method"`
+	Bits     int     `json:"bits"`
+	Group    int     `json:"group"`
+	Axis     Axis    `json:"axis"`
+	Rotate   bool    `json:"rotate"`   // Walsh-Hadamard along head_dim before quantizing
+	Outliers float64 `json:"outliers"` // fraction of largest |x| kept apart as FP16
+	Residual int     `json:"residual"` // last tokens kept exact in the source dtype
+	Sparsity float64 `json:"sparsity"` // fraction of smallest |x| zeroed first
+}
+
+// Validate checks every field; the error names the field.
+func (s Scheme) Validate() error {
+	switch {
+	case s.Method == Sym || s.Method == Asym:
+		if s.Bits < MinBits || s.Bits > MaxBits {
+			return fmt.Errorf("bits %d out of range [%d, %d]", s.Bits, MinBits, MaxBits)
+		}
+		if s.Group <= 0 || s.Group%2 != 0 || s.Group > MaxGroupSize {
+			return fmt.Errorf("group size %d must be a positive even number at most %d", s.Group, MaxGroupSize)
+		}
+	case s.Method.IsGGML():
+		if s.Bits != ggmlTypes[s.Method].bits || s.Group != GGMLBlock || s.Axis != Token {
+			return fmt.Errorf("%s is %d-bit blocks of %d along the token axis, got bits %d group %d axis %s",
+				s.Method, ggmlTypes[s.Method].bits, GGMLBlock, s.Bits, s.Group, s.Axis)
+		}
+	default:
+		return fmt.Errorf("unknown method %q (want sym, asym, q4_0, q4_1, q5_0, q5_1 or q8_0)", s.Method)
+	}
+	if s.Axis != Token && s.Axis != Channel {
+		return fmt.Errorf("unknown axis %q (want token or channel)", s.Axis)
+	}
+	if s.Rotate && s.Axis != Token {
+		return fmt.Errorf("rotation works along the token axis only")
+	}
+	if !(s.Outliers >= 0 && s.Outliers < 1) {
+		return fmt.Errorf("outlier fraction %g out of range [0, 1)", s.Outliers)
+	}
+	if !(s.Sparsity >= 0 && s.Sparsity < 1) {
+		return fmt.Errorf("sparsity %g out of range [0, 1)", s.Sparsity)
+	}
+	if s.Residual < 0 || s.Residual > MaxResidual {
+		return fmt.Errorf("residual %d out of range [0, %d]", s.Residual, MaxResidual)
+	}
+	return nil
+}
+
+// needs4D reports whether the scheme needs a [batch, heads, tokens, head_dim] tensor.
+func (s Scheme) needs4D() bool { return s.Axis == Channel || s.Rotate || s.Residual > 0 }
+
+// String is the scheme's canonical spelling in the spec grammar.
+func (s Scheme) String() string {
+	var b strings.Builder
+	if s.Method.IsGGML() {
+		b.WriteString(string(s.Method))
+	} else {
+		fmt.Fprintf(&b, "%s%d/g%d", s.Method, s.Bits, s.Group)
+		if s.Axis == Channel {
+			b.WriteString("/channel")
+		}
+	}
+	if s.Rotate {
+		b.WriteString("/rot")
+	}
+	if s.Outliers > 0 {
+		b.WriteString("/out" + strconv.FormatFloat(s.Outliers, 'g', -1, 64))
+	}
+	if s.Residual > 0 {
+		b.WriteString("/res" + strconv.Itoa(s.Residual))
+	}
+	if s.Sparsity > 0 {
+		b.WriteString("/sp" + strconv.FormatFloat(s.Sparsity, 'g', -1, 64))
+	}
+	return b.String()
+}
+
+// Spec is a scheme for each role: keys (tensors named layer_{i}_key) and
+// values (every other tensor).
+type Spec struct {
+	Key   Scheme `json:"key"`
+	Value Scheme `json:"value"`
+}
+
+// For returns the scheme of the tensor called name.
+func (s Spec) For(name string) Scheme {
+	if keyName.MatchString(name) {
+		return s.Key
+	}
+	return s.Value
+}
+
+var keyName = regexp.MustCompile(`^layer_[0-9]+_key$`)
+
+// Validate checks both roles; the error names the role.
+func (s Spec) Validate() error {
+	if err := s.Key.Validate(); err != nil {
+		return fmt.Errorf("key scheme: %w", err)
+	}
+	if err := s.Value.Validate(); err != nil {
+		return fmt.Errorf("value scheme: %w", err)
+	}
+	return nil
+}
+
+// String is the canonical spec: one scheme when both roles share it,
+// else "k=SCHEME,v=SCHEME". ParseSpec(s.String()) == s.
+func (s Spec) String() string {
+	if s.Key == s.Value {
+		return s.Key.String()
+	}
+	return "k=" + s.Key.String() + ",v=" + s.Value.String()
+}
+
+// Name is the preset name of s, or its canonical spec when no preset matches.
+func (s Spec) Name() string {
+	for _, name := range PresetNames() {
+		if presets[name] == s {
+			return name
+		}
+	}
+	return s.String()
+}
+
+func symScheme(m Method, bits, group int, axis Axis) Scheme {
+	return Scheme{Method: m, Bits: bits, Group: group, Axis: axis}
+}
+
+func both(s Scheme) Spec { return Spec{Key: s, Value: s} }
+
+func ggmlScheme(m Method) Scheme {
+	return Scheme{Method: m, Bits: ggmlTypes[m].bits, Group: GGMLBlock, Axis: Token}
+}
+
+// presets are the schemes engineers deploy, by the names the README gives.
+var presets = map[string]Spec{
+	"int4":  both(symScheme(Sym, 4, 64, Token)),
+	"int8":  both(symScheme(Sym, 8, 64, Token)),
+	"asym4": both(symScheme(Asym, 4, 64, Token)),
+	"kivi4": {Key: symScheme(Asym, 4, 64, Channel), Value: symScheme(Asym, 4, 64, Token)},
+	"kivi2": {Key: symScheme(Asym, 2, 32, Channel), Value: symScheme(Asym, 2, 32, Token)},
+	"rot4": func() Spec {
+		s := symScheme(Sym, 4, 64, Token)
+		s.Rotate = true
+		return both(s)
+	}(),
+	"q4_0": both(ggmlScheme(Q4_0)),
+	"q4_1": both(ggmlScheme(Q4_1)),
+	"q5_0": both(ggmlScheme(Q5_0)),
+	"q5_1": both(ggmlScheme(Q5_1)),
+	"q8_0": both(ggmlScheme(Q8_0)),
+}
+
+// DefaultPreset is the scheme used when none is given.
+const DefaultPreset = "int4"
+
+// PresetNames lists the presets in the README's order.
+func PresetNames() []string {
+	return []string{"int4", "int8", "asym4", "kivi4", "kivi2", "rot4", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
+}
+
+// Preset returns the named preset.
+func Preset(name string) (Spec, bool) {
+	s, ok := presets[name]
+	return s, ok
+}
+
+// DefaultSpec is the default preset (sym 4-bit groups of 64).
+func DefaultSpec() Spec { return presets[DefaultPreset] }
+
+// ParseSpec reads a preset name, a spec in the grammar
+//
+//	spec   = scheme | "k=" scheme "," "v=" scheme
+//	scheme = preset | base { "/" option }
+//	base   = ("sym" | "asym") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
+//	option = "g" N | "token" | "channel" | "rot" | "out" P | "res" N | "sp" P
+//
+// (a preset inside k= or v= gives that role's scheme, and may take options),
+// or the JSON form {"key": {...}, "value": {...}} that Spec marshals to.
+// The result is validated.
+func ParseSpec(text string) (Spec, error) {
+	text = strings.TrimSpace(text)
+	var s Spec
+	var err error
+	switch {
+	case strings.HasPrefix(text, "{"):
+		dec := json.NewDecoder(bytes.NewReader([]byte(text)))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&s)
+	case strings.Contains(text, "="):
+		s, err = parseRoles(text)
+	default:
+		var sc Scheme
+		if p, ok := presets[text]; ok {
+			s = p
+		} else if sc, err = parseScheme(text, roleBoth); err == nil {
+			s = both(sc)
+		}
+	}
+	if err != nil {
+		return Spec{}, fmt.Errorf("scheme %q: %w", text, err)
+	}
+	if err := s.Validate(); err != nil {
+		return Spec{}, fmt.Errorf("scheme %q: %w", text, err)
+	}
+	return s, nil
+}
+
+type role int
+
+const (
+	roleBoth role = iota
+	roleKey
+	roleValue
+)
+
+func parseRoles(text string) (Spec, error) {
+	var s Spec
+	seen := map[string]bool{}
+	for _, part := range strings.Split(text, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || (k != "k" && k != "v") || seen[k] {
+			return Spec{}, fmt.Errorf("part %q: want k=SCHEME and v=SCHEME, once each", part)
+		}
+		seen[k] = true
+		r := roleKey
+		if k == "v" {
+			r = roleValue
+		}
+		sc, err := parseScheme(strings.TrimSpace(v), r)
+		if err != nil {
+			return Spec{}, err
+		}
+		if r == roleKey {
+			s.Key = sc
+		} else {
+			s.Value = sc
+		}
+	}
+	if !seen["k"] || !seen["v"] {
+		return Spec{}, fmt.Errorf("both k= and v= are needed")
+	}
+	return s, nil
+}
+
+var baseRE = regexp.MustCompile(`^(sym|asym)([0-9]+)$`)
+
+func parseScheme(text string, r role) (Scheme, error) {
+	parts := strings.Split(text, "/")
+	var s Scheme
+	base := parts[0]
+	if p, ok := presets[base]; ok {
+		s = p.Value
+		if r == roleKey {
+			s = p.Key
+		} else if r == roleBoth && p.Key != p.Value {
+			return Scheme{}, fmt.Errorf("preset %s differs by role; options cannot follow it", base)
+		}
+	} else if m := baseRE.FindStringSubmatch(base); m != nil {
+		bits, err := strconv.Atoi(m[2])
+		if err != nil {
+			return Scheme{}, fmt.Errorf("bits %q: %v", m[2], err)
+		}
+		s = Scheme{Method: Method(m[1]), Bits: bits, Group: 64, Axis: Token}
+	} else if Method(base).IsGGML() {
+		s = ggmlScheme(Method(base))
+	} else {
+		return Scheme{}, fmt.Errorf("unknown scheme %q (presets: %s; or sym<bits>, asym<bits>, q4_0 ...)", base, strings.Join(PresetNames(), ", "))
+	}
+	for _, opt := range parts[1:] {
+		if err := s.setOption(opt); err != nil {
+			return Scheme{}, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Scheme) setOption(opt string) error {
+	num := func(prefix string) (float64, error) {
+		v, err := strconv.ParseFloat(strings.TrimPrefix(opt, prefix), 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			return 0, fmt.Errorf("option %q: not a finite number", opt)
+		}
+		return v, nil
+	}
+	integer := func(prefix string) (int, error) {
+		v, err := strconv.ParseInt(strings.TrimPrefix(opt, prefix), 10, 64)
+		if err != nil || v < 0 || v > math.MaxInt32 {
+			return 0, fmt.Errorf("option %q: not an integer in [0, %d]", opt, math.MaxInt32)
+		}
+		return int(v), nil
+	}
+	var err error
+	switch {
+	case opt == "token", opt == "channel":
+		s.Axis = Axis(opt)
+	case opt == "rot":
+		s.Rotate = true
+	case strings.HasPrefix(opt, "g"):
+		s.Group, err = integer("g")
+	case strings.HasPrefix(opt, "out"):
+		s.Outliers, err = num("out")
+	case strings.HasPrefix(opt, "res"):
+		s.Residual, err = integer("res")
+	case strings.HasPrefix(opt, "sp"):
+		s.Sparsity, err = num("sp")
+	default:
+		return fmt.Errorf("unknown option %q (want gN, token, channel, rot, outP, resN, spP)", opt)
+	}
+	return err
+}
