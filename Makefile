@@ -15,9 +15,10 @@ GO_SRC  := $(shell find go -name '*.go' -o -name go.mod)
 # Report parameters (override on the command line, e.g. MODEL=TinyLlama/TinyLlama-1.1B-Chat-v1.0).
 MODEL       ?= embedded
 CORPUS      ?= embedded
-BITS        ?= 4
-GROUP_SIZE  ?= 64
-SPARSITY    ?= 0.0
+SCHEME      ?= int4
+BITS        ?=
+GROUP_SIZE  ?=
+SPARSITY    ?=
 THRESHOLD   ?= 0.5
 STRIDE      ?= 512
 MAX_WINDOWS ?= 6
@@ -68,7 +69,8 @@ test-notebooks: setup
 report: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/validate_perplexity.ipynb $(BUILD)/executed/validate_perplexity.ipynb -k kvlib \
-	  -p model $(MODEL) -p corpus $(CORPUS) -p bits $(BITS) -p group_size $(GROUP_SIZE) -p sparsity $(SPARSITY) \
+	  -p model $(MODEL) -p corpus $(CORPUS) -r scheme "$(SCHEME)" $(if $(BITS),-p bits $(BITS)) \
+	  $(if $(GROUP_SIZE),-p group_size $(GROUP_SIZE)) $(if $(SPARSITY),-p sparsity $(SPARSITY)) \
 	  -p threshold $(THRESHOLD) -p stride $(STRIDE) -p max_windows $(MAX_WINDOWS) -p device $(DEVICE) \
 	  -p output_dir $(CURDIR)/$(REPORTS)
 	$(PAPERMILL) notebooks/quick_test.ipynb $(BUILD)/executed/quick_test.ipynb -k kvlib \

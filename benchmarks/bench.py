@@ -29,7 +29,8 @@ sys.path.insert(0, str(HERE))
 
 from torch_kvq import TorchCacheRoundtrip  # noqa: E402
 
-from kvlib.bridge import CLICacheRoundtrip, find_cli_binary  # noqa: E402
+from kvlib.bridge import CLICacheRoundtrip, find_cli_binary, pool_tensors  # noqa: E402
+from kvlib.codec import presets  # noqa: E402
 from kvlib.cache import cache_layers, make_cache, save_kv_cache  # noqa: E402
 from kvlib.corpus import load_corpus, tokenize  # noqa: E402
 from kvlib.models import load_model_and_tokenizer  # noqa: E402
@@ -38,11 +39,12 @@ from kvlib.perplexity import evaluate_windows  # noqa: E402
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
 
 
-def go_bench(cache_file: Path, runs: int) -> dict[str, float]:
+def go_bench(cache_file: Path, runs: int, scheme: str = "int4", which: str = "CompressRestore|Decompress|Memcopy"
+             ) -> dict[str, float]:
     """MB/s of the Go benchmarks on cache_file (F32 input bytes per second)."""
-    env = dict(os.environ, KVQ_BENCH_FILE=str(cache_file), GOTOOLCHAIN="local", GOPROXY="off",
+    env = dict(os.environ, KVQ_BENCH_FILE=str(cache_file), KVQ_BENCH_SCHEME=scheme, GOTOOLCHAIN="local", GOPROXY="off",
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    out = subprocess.run(["go", "test", "-run", "^$", "-bench", "CompressRestore|Decompress|Memcopy",
+    out = subprocess.run(["go", "test", "-run", "^$", "-bench", which,
                           "-benchtime", f"{runs}x", "./pkg/compression"],
                          cwd=REPO / "go", env=env, capture_output=True, text=True, check=True).stdout
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"Benchmark(\w+)-\d+\s+\d+\s+[\d.]+ ns/op\s+([\d.]+) MB/s", out)}
@@ -57,6 +59,21 @@ def cli_run(cli: str, command: str, src: Path, dst: Path) -> dict:
     d = json.loads(proc.stdout)
     d["wall_s"] = wall
     return d
+
+
+def preset_table(cli: str, src: Path, runs: int, memcopy: float) -> None:
+    """One row per preset: measured size, speed against memcopy, key and value error."""
+    print("  preset   bits/el  vs FP16  compress+restore  decompress   key RMSE  key SNR  value RMSE  value SNR")
+    for name in presets():
+        m = json.loads(subprocess.run([cli, "metrics", "-input", str(src), "-scheme", name],
+                                      capture_output=True, text=True).stdout)
+        g = go_bench(src, runs, name, "CompressRestore|Decompress")
+        k, v = pool_tensors(m["tensors"], "_key"), pool_tensors(m["tensors"], "_value")
+        cr, d = g["CompressRestore"], g["Decompress"]
+        print(f"  {name:7s} {m['bits_per_element']:7.3f} {m['compression_ratio']:7.3f}x "
+              f"{cr:9.0f} MB/s {cr / memcopy:5.3f}  {d:6.0f} MB/s  {k['rmse']:9.4f} {k['snr_db']:7.2f} dB "
+              f"{v['rmse']:9.4f} {v['snr_db']:8.2f} dB")
+    print("  (MB/s of F32 input, 2 goroutines; the figure after compress+restore is the share of memcopy speed)\n")
 
 
 def main() -> None:
@@ -103,6 +120,8 @@ def main() -> None:
               f"(header included; within {abs(cp['compressed_file_bytes'] / (fp16 * 4.25 / 16) - 1) * 100:.3f} % of theory)")
         print(f"  quality on this cache: RMSE {rt['rmse']:.4f}, SNR {rt['snr_db']:.2f} dB, "
               f"cosine {rt['cosine_similarity']:.5f}, {rt['quality_level']}\n")
+        print("== Every preset on the same cache")
+        preset_table(cli, src, args.go_runs, g["Memcopy"])
 
         # 2. Validation pair: through the bridge, then in-process.
         codec = CLICacheRoundtrip(tmp / "windows", model_name="SmolLM2-135M")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlib.cache import cache_layers, load_kv_cache, make_cache, save_kv_cache
+from kvlib.codec import CodecConfig, resolve_codec
 
 CLI_NAME = "kv-compress"
 BUILD_HINT = "build it with `make build-compress` (or `make setup`), or set KV_COMPRESS_PATH"
@@ -42,6 +43,9 @@ class CompressionMetrics:
     passed: bool
     violations: list[str] = field(default_factory=list)
     command: str = ""
+    scheme: str = ""  # canonical spec
+    scheme_name: str = ""  # preset name, or the spec
+    stored_bytes: dict[str, int] = field(default_factory=dict)  # codes, scales, zeros, outliers, residual
     bits: int = 4
     group_size: int = 64
     sparsity: float = 0.0
@@ -126,15 +130,17 @@ def _run(command: str, args: list[str], verbose: bool) -> CompressionMetrics:
     return CompressionMetrics.from_dict(data)
 
 
-def _quant_args(bits: int, group_size: int, sparsity: float) -> list[str]:
-    return ["-bits", str(bits), "-group-size", str(group_size), "-sparsity", repr(float(sparsity))]
+def _codec(codec: "CodecConfig | str | None", bits: int, group_size: int, sparsity: float) -> CodecConfig:
+    """The codec to use: ``codec`` when given, else the design documents' sym
+    scheme from bits, group_size and sparsity."""
+    if codec is not None:
+        return resolve_codec(codec)
+    return resolve_codec("sym4", bits=bits, group_size=group_size, sparsity=sparsity)
 
 
-def _encode(command: str, input_path, output_path, group_size: int, sparsity: float, verbose: bool,
-            bits: int) -> CompressionMetrics:
+def _encode(command: str, input_path, output_path, codec: CodecConfig, verbose: bool) -> CompressionMetrics:
     """compress or roundtrip: the two commands that quantize input_path into output_path."""
-    args = ["-input", str(input_path), "-output", str(output_path), *_quant_args(bits, group_size, sparsity)]
-    return _run(command, args, verbose)
+    return _run(command, ["-input", str(input_path), "-output", str(output_path), *codec.cli_args()], verbose)
 
 
 def compress_kv_cache(
@@ -144,9 +150,13 @@ def compress_kv_cache(
     sparsity: float = 0.0,
     verbose: bool = False,
     bits: int = 4,
+    codec: CodecConfig | str | None = None,
 ) -> CompressionMetrics:
-    """Compress a cache file to the packed kvq layout; return the quality metrics."""
-    return _encode("compress", input_path, output_path, group_size, sparsity, verbose, bits)
+    """Compress a cache file to the packed kvq layout; return the quality metrics.
+
+    ``codec`` (a CodecConfig, preset name or spec) chooses the scheme; without
+    it, sym ``bits``-bit groups of ``group_size`` as in the design documents."""
+    return _encode("compress", input_path, output_path, _codec(codec, bits, group_size, sparsity), verbose)
 
 
 def decompress_kv_cache(
@@ -165,9 +175,10 @@ def roundtrip_kv_cache(
     sparsity: float = 0.0,
     verbose: bool = False,
     bits: int = 4,
+    codec: CodecConfig | str | None = None,
 ) -> CompressionMetrics:
     """Compress and restore in one CLI call; output_path is the reconstructed cache."""
-    return _encode("roundtrip", input_path, output_path, group_size, sparsity, verbose, bits)
+    return _encode("roundtrip", input_path, output_path, _codec(codec, bits, group_size, sparsity), verbose)
 
 
 def get_compression_metrics(
@@ -176,9 +187,10 @@ def get_compression_metrics(
     verbose: bool = False,
     bits: int = 4,
     sparsity: float = 0.0,
+    codec: CodecConfig | str | None = None,
 ) -> CompressionMetrics:
     """Quality metrics of compressing input_path, writing no file."""
-    return _run("metrics", ["-input", str(input_path), *_quant_args(bits, group_size, sparsity)], verbose)
+    return _run("metrics", ["-input", str(input_path), *_codec(codec, bits, group_size, sparsity).cli_args()], verbose)
 
 
 def _pooled(s: dict[str, float]) -> tuple[float, float, float]:
@@ -299,6 +311,9 @@ def pool_metrics(runs: list[CompressionMetrics]) -> CompressionMetrics:
         passed=not violations,
         violations=violations,
         command=first.command,
+        scheme=first.scheme,
+        scheme_name=first.scheme_name,
+        stored_bytes={k: sum(r.stored_bytes.get(k, 0) for r in runs) for k in first.stored_bytes},
         bits=first.bits,
         group_size=first.group_size,
         sparsity=first.sparsity,
@@ -321,6 +336,7 @@ def print_metrics_report(metrics: CompressionMetrics, title: str = "Compression 
     print(bar)
     print(f"  {title}")
     print(bar)
+    print(f"  Scheme:              {metrics.scheme_name} ({metrics.scheme})")
     print(f"  Compression ratio:   {metrics.compression_ratio:.3f}x (vs FP16, {metrics.bits_per_element:.3f} bits/element)")
     print(f"  Original (FP16):     {metrics.original_size_bytes:,} bytes")
     print(f"  Compressed:          {metrics.compressed_size_bytes:,} bytes")
@@ -344,11 +360,11 @@ class CLICacheRoundtrip:
     time spent in each part (save, CLI, load) so a benchmark can report it.
     """
 
-    def __init__(self, workdir: str | os.PathLike, bits: int = 4, group_size: int = 64,
-                 sparsity: float = 0.0, model_name: str = "unknown") -> None:
+    def __init__(self, workdir: str | os.PathLike, codec: CodecConfig | str | None = None,
+                 model_name: str = "unknown") -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.bits, self.group_size, self.sparsity, self.model_name = bits, group_size, sparsity, model_name
+        self.codec, self.model_name = resolve_codec(codec), model_name
         self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
         self.calls = 0
         find_cli_binary()  # a missing CLI is an error now, not after the first window
@@ -360,7 +376,7 @@ class CLICacheRoundtrip:
         t0 = time.perf_counter()
         save_kv_cache(cache, src, model_name=self.model_name)
         t1 = time.perf_counter()
-        metrics = roundtrip_kv_cache(src, dst, group_size=self.group_size, sparsity=self.sparsity, bits=self.bits)
+        metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
         t2 = time.perf_counter()
         restored, _ = load_kv_cache(dst, device=str(k0.device))
         if cache_layers(restored)[0][0].dtype != k0.dtype:  # bfloat16 travels as float32

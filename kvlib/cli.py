@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from kvlib import corpus, models
+from kvlib.codec import resolve_codec
 from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
 
@@ -20,9 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     p.add_argument("--model", default=models.EMBEDDED, help=f"'{models.EMBEDDED}' (SmolLM2-135M, offline) or an HF id, e.g. {models.TINYLLAMA}")
     p.add_argument("--corpus", default=corpus.EMBEDDED, help=f"'{corpus.EMBEDDED}' (Python docs), '{corpus.WIKITEXT}' (datasets), or a text file")
-    p.add_argument("--bits", type=int, default=4, help="code width, 2-8")
-    p.add_argument("--group-size", type=int, default=64, help="elements per quantization group")
-    p.add_argument("--sparsity", type=float, default=0.0, help="fraction of smallest-magnitude elements zeroed")
+    p.add_argument("--scheme", default=None, help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, "
+                   "k=asym4/g64/channel,v=asym4/g64 (kv-compress schemes lists the presets)")
+    p.add_argument("--bits", type=int, default=None, help="code width, 2-8 (overrides the scheme's, both roles)")
+    p.add_argument("--group-size", type=int, default=None, help="elements per quantization group (overrides the scheme's)")
+    p.add_argument("--sparsity", type=float, default=None, help="fraction of smallest-magnitude elements zeroed")
     p.add_argument("--stride", type=int, default=512, help="sliding-window stride")
     p.add_argument("--max-windows", type=int, default=None, help="limit the number of windows (quick checks)")
     p.add_argument("--context-length", type=int, default=None, help="window length (default min(2048, model context))")
@@ -33,13 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        codec = resolve_codec(args.scheme, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity)
         if args.quick_test:
-            result = run_quick_test(verbose=not args.quiet, bits=args.bits, group_size=args.group_size)
+            result = run_quick_test(verbose=not args.quiet, codec=codec)
         else:
             result = run_full_validation(
                 device="cpu" if args.cpu else None, threshold=args.threshold, verbose=not args.quiet,
-                model=args.model, corpus_name=args.corpus, bits=args.bits, group_size=args.group_size,
-                sparsity=args.sparsity, stride=args.stride, max_windows=args.max_windows,
+                model=args.model, corpus_name=args.corpus, codec=codec, stride=args.stride, max_windows=args.max_windows,
                 context_length=args.context_length,
             )
     except Exception as e:  # a clear one-line error and exit 2, not a traceback

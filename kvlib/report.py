@@ -69,7 +69,7 @@ def banner(result: ValidationResult | dict[str, Any]):
                   f"windows with a compressed context)")
     else:
         detail = html.escape(r.get("verdict", ""))
-    parts = [r["model"], f"INT{r['bits']} group {r['group_size']}", r["corpus"]]
+    parts = [r["model"], f"{r['scheme_name']} ({r['scheme']})" if r['scheme_name'] != r['scheme'] else r['scheme'], r["corpus"]]
     sub = " &middot; ".join(html.escape(p) for p in parts if p and p != "none")
     return HTML(
         f'<div class="kvlib-banner" data-verdict="{word}" style="border-left:8px solid {color};background:{color}14;'

@@ -21,6 +21,7 @@ import torch
 
 from kvlib import bridge, cache, corpus, models
 from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics
+from kvlib.codec import CodecConfig, resolve_codec
 from kvlib.perplexity import evaluate_windows
 
 KVQUANT_THRESHOLD = 0.5
@@ -43,9 +44,8 @@ class ValidationResult:
     model: str = ""
     corpus: str = ""
     device: str = ""
-    bits: int = 4
-    group_size: int = 64
-    sparsity: float = 0.0
+    scheme: str = ""  # canonical codec spec
+    scheme_name: str = ""  # its preset name, or the spec
     stride: int = 512
     context_length: int = 0
     windows: int = 0
@@ -101,20 +101,21 @@ def run_full_validation(
     verbose: bool = True,
     model: str = models.EMBEDDED,
     corpus_name: str = corpus.EMBEDDED,
-    bits: int = 4,
-    group_size: int = 64,
-    sparsity: float = 0.0,
+    codec: CodecConfig | str | None = None,
     stride: int = 512,
     max_windows: int | None = None,
     context_length: int | None = None,
     workdir: str | os.PathLike | None = None,
     progress: bool | None = None,
 ) -> ValidationResult:
-    """Run the six steps and return the result (see the module docstring for the gate)."""
+    """Run the six steps and return the result (see the module docstring for the gate).
+
+    ``codec`` is a CodecConfig, preset name or spec (default int4)."""
     bar = "=" * 60
     t_start = time.perf_counter()
     if not bridge.check_cli_available():
         raise RuntimeError(f"Go CLI not found. {bridge.BUILD_HINT}")
+    codec = resolve_codec(codec)  # a bad scheme fails before anything loads
     device = device or cache.default_device()
     text = corpus.load_corpus(corpus_name)  # a bad corpus fails before the slow model load
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
@@ -148,8 +149,7 @@ def run_full_validation(
         _say(verbose, "[3/6] Compressing KV cache with kv-compress...")
         sample = Path(workdir) / "sample.safetensors"
         cache.save_kv_cache(kv, sample, model_name=name)
-        sample_metrics = bridge.compress_kv_cache(sample, Path(workdir) / "sample.kvq.safetensors",
-                                                  group_size=group_size, sparsity=sparsity, bits=bits)
+        sample_metrics = bridge.compress_kv_cache(sample, Path(workdir) / "sample.kvq.safetensors", codec=codec)
         _say(verbose, f"    Sample ({meta.seq_len} tokens): ratio {sample_metrics.compression_ratio:.2f}x, "
                       f"RMSE {sample_metrics.rmse:.6f}, SNR {sample_metrics.snr_db:.2f} dB")
 
@@ -165,9 +165,8 @@ def run_full_validation(
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
                       f"({ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")
-        codec = CLICacheRoundtrip(Path(workdir) / "windows", bits=bits, group_size=group_size,
-                                  sparsity=sparsity, model_name=name)
-        ppl = evaluate_windows(lm, ids, L, stride, transform=codec, max_windows=max_windows,
+        roundtrip = CLICacheRoundtrip(Path(workdir) / "windows", codec, model_name=name)
+        ppl = evaluate_windows(lm, ids, L, stride, transform=roundtrip, max_windows=max_windows,
                                progress=verbose if progress is None else progress)
     finally:
         if own_tmp is not None:
@@ -196,9 +195,8 @@ def run_full_validation(
         model=name,
         corpus=text.name,
         device=device,
-        bits=bits,
-        group_size=group_size,
-        sparsity=sparsity,
+        scheme=codec.spec,
+        scheme_name=codec.name,
         stride=stride,
         context_length=L,
         windows=ppl.num_windows,
@@ -225,7 +223,7 @@ def run_full_validation(
             for w in ppl.windows
         ],
         timing={"total_s": total, "model_load_s": t_model, "perplexity_s": ppl.seconds,
-                "bridge_s": ppl.transform_seconds, **{f"bridge_{k}_s": v for k, v in codec.seconds.items()},
+                "bridge_s": ppl.transform_seconds, **{f"bridge_{k}_s": v for k, v in roundtrip.seconds.items()},
                 "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan},
         compression=comp.to_dict() if comp else {},
         verdict=verdict,
@@ -248,7 +246,7 @@ def print_result(r: ValidationResult) -> None:
     print(f"  Delta (all tokens):    {r.delta:+.4f} ({r.delta_percent:+.2f}%)")
     print(f"  Delta (gated):         {r.context_delta:+.4f} over {r.context_scored_tokens} tokens "
           f"with a compressed context ({r.context_baseline_perplexity:.4f} -> {r.context_compressed_perplexity:.4f})")
-    print(f"  Compression Ratio:     {r.compression_ratio:.2f}x (INT{r.bits}, group {r.group_size})")
+    print(f"  Compression Ratio:     {r.compression_ratio:.2f}x ({r.scheme_name}: {r.scheme})")
     print(thin)
     print(f"  RMSE:                  {r.rmse:.6f}")
     print(f"  SNR:                   {r.snr_db:.2f} dB")
@@ -274,19 +272,20 @@ def synthetic_cache(num_layers: int = cache.TINYLLAMA_NUM_LAYERS, num_kv_heads: 
                              for _ in range(num_layers)])
 
 
-def run_quick_test(verbose: bool = True, bits: int = 4, group_size: int = 64,
+def run_quick_test(verbose: bool = True, codec: CodecConfig | str | None = None,
                    workdir: str | os.PathLike | None = None) -> ValidationResult:
     """Pipeline check with no model: a synthetic TinyLlama-geometry cache through
     save -> kv-compress compress -> decompress -> load, checked against the CLI's quality gates."""
     if not bridge.check_cli_available():
         raise RuntimeError(f"Go CLI not found. {bridge.BUILD_HINT}")
+    codec = resolve_codec(codec)
     kv = synthetic_cache()
     with tempfile.TemporaryDirectory(prefix="kvlib-quick-") as tmp:
         d = Path(workdir or tmp)
         t0 = time.perf_counter()
         meta = cache.save_kv_cache(kv, d / "synthetic.safetensors", model_name="synthetic (TinyLlama geometry)")
         m = bridge.compress_kv_cache(d / "synthetic.safetensors", d / "synthetic.kvq.safetensors",
-                                     group_size=group_size, bits=bits)
+                                     codec=codec)
         bridge.decompress_kv_cache(d / "synthetic.kvq.safetensors", d / "synthetic.restored.safetensors")
         restored, _ = cache.load_kv_cache(d / "synthetic.restored.safetensors")
         seconds = time.perf_counter() - t0
@@ -304,7 +303,7 @@ def run_quick_test(verbose: bool = True, bits: int = 4, group_size: int = 64,
         baseline_perplexity=math.nan, compressed_perplexity=math.nan, delta=math.nan, delta_percent=math.nan,
         compression_ratio=m.compression_ratio, rmse=m.rmse, snr_db=m.snr_db,
         cosine_similarity=m.cosine_similarity, passed=passed, model="none (synthetic N(0, 0.5^2) cache)",
-        corpus="none", bits=bits, group_size=group_size, max_error=m.max_error, quality_level=m.quality_level,
+        corpus="none", scheme=codec.spec, scheme_name=codec.name, max_error=m.max_error, quality_level=m.quality_level,
         quality_passed=m.passed, violations=m.violations + problems,
         keys=bridge.pool_tensors(m.tensors, "_key"), values=bridge.pool_tensors(m.tensors, "_value"),
         kv_geometry={"num_layers": meta.num_layers, "num_kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,

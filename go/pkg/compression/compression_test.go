@@ -446,17 +446,35 @@ var benchCache = func() *safetensors.File {
 	return randomCache(7, 30, 3, 256, 64)
 }()
 
+// benchConfig is the scheme named by $KVQ_BENCH_SCHEME (make bench runs
+// every preset), else the default.
+func benchConfig(b *testing.B) Config {
+	cfg := DefaultConfig()
+	if s := os.Getenv("KVQ_BENCH_SCHEME"); s != "" {
+		spec, err := ParseSpec(s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.Spec = spec
+	}
+	return cfg
+}
+
 func BenchmarkCompressRestore(b *testing.B) {
+	cfg := benchConfig(b)
 	b.SetBytes(int64(benchBytes()))
 	for i := 0; i < b.N; i++ {
-		if _, err := Compress(benchCache, DefaultConfig()); err != nil {
+		if _, err := Compress(benchCache, cfg); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
 func BenchmarkDecompress(b *testing.B) {
-	res, _ := Measure(benchCache, DefaultConfig())
+	res, err := Measure(benchCache, benchConfig(b))
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.SetBytes(int64(benchBytes()))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

@@ -26,16 +26,26 @@ type ggmlType struct {
 	hasMin    bool
 }
 
-var ggmlTypes = map[Method]ggmlType{
-	Q4_0: {4, 18, false},
-	Q4_1: {4, 20, true},
-	Q5_0: {5, 22, false},
-	Q5_1: {5, 24, true},
-	Q8_0: {8, 34, false},
+// ggmlInfo describes type m (ok false for other methods). A switch, not a
+// map: it runs once per block.
+func ggmlInfo(m Method) (t ggmlType, ok bool) {
+	switch m {
+	case Q4_0:
+		return ggmlType{4, 18, false}, true
+	case Q4_1:
+		return ggmlType{4, 20, true}, true
+	case Q5_0:
+		return ggmlType{5, 22, false}, true
+	case Q5_1:
+		return ggmlType{5, 24, true}, true
+	case Q8_0:
+		return ggmlType{8, 34, false}, true
+	}
+	return ggmlType{}, false
 }
 
 // GGMLBlockBytes is the size of one block of 32 elements of type m.
-func GGMLBlockBytes(m Method) int { return ggmlTypes[m].blockSize }
+func GGMLBlockBytes(m Method) int { t, _ := ggmlInfo(m); return t.blockSize }
 
 func recip(d float32) float32 {
 	if d == 0 {
@@ -60,38 +70,32 @@ func truncCode(v float32, qmax uint8) uint8 {
 // (GGMLBlockBytes(m) bytes).
 func QuantizeBlockGGML(m Method, x []float32, dst []byte) error {
 	x = x[:GGMLBlock]
-	for _, v := range x {
-		if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
-			return ErrNotFinite
-		}
-	}
 	var q [GGMLBlock]uint8
 	var d, mn float32
 	switch m {
 	case Q4_0, Q5_0, Q8_0:
-		var amax float32
-		var vmax float32
-		for _, v := range x {
-			if a := float32(math.Abs(float64(v))); a > amax {
-				amax, vmax = a, v
+		// The first element of largest |x| (argmax), compared on the bits.
+		var abits uint32
+		imax := 0
+		for i, v := range x {
+			if b := math.Float32bits(v) & 0x7fffffff; b > abits {
+				abits, imax = b, i
 			}
+		}
+		if abits >= 0x7f800000 {
+			return ErrNotFinite
 		}
 		switch m {
 		case Q4_0:
-			d = vmax / -8
+			d = x[imax] / -8
+			quantizeOffset(&q, x, recip(d), 8.5, 15)
 		case Q5_0:
-			d = vmax / -16
-		case Q8_0:
-			d = amax / 127
-		}
-		id := recip(d)
-		for i, v := range x {
-			switch m {
-			case Q4_0:
-				q[i] = truncCode(float32(v*id)+8.5, 15)
-			case Q5_0:
-				q[i] = truncCode(float32(v*id)+16.5, 31)
-			case Q8_0:
+			d = x[imax] / -16
+			quantizeOffset(&q, x, recip(d), 16.5, 31)
+		default:
+			d = math.Float32frombits(abits) / 127
+			id := recip(d)
+			for i, v := range x {
 				q[i] = uint8(int8(math.Round(float64(float32(v * id))))) // half away from zero
 			}
 		}
@@ -100,12 +104,14 @@ func QuantizeBlockGGML(m Method, x []float32, dst []byte) error {
 		for _, v := range x {
 			lo, hi = min(lo, v), max(hi, v)
 		}
+		if lo != lo || hi != hi || math.IsInf(float64(lo), 0) || math.IsInf(float64(hi), 0) {
+			return ErrNotFinite
+		}
 		qmax := uint8(15)
 		if m == Q5_1 {
 			qmax = 31
 		}
-		d = (hi - lo) / float32(qmax)
-		mn = lo
+		d, mn = (hi-lo)/float32(qmax), lo
 		id := recip(d)
 		for i, v := range x {
 			q[i] = truncCode(float32(float32(v-lo)*id)+0.5, qmax)
@@ -113,6 +119,18 @@ func QuantizeBlockGGML(m Method, x []float32, dst []byte) error {
 	default:
 		return fmt.Errorf("%s is not a ggml type", m)
 	}
+	return putBlock(m, dst, d, mn, &q)
+}
+
+// quantizeOffset is q = min(trunc(x*id + off), qmax), the q4_0/q5_0 codes.
+func quantizeOffset(q *[GGMLBlock]uint8, x []float32, id, off float32, qmax uint8) {
+	for i, v := range x[:GGMLBlock] {
+		q[i] = truncCode(float32(v*id)+off, qmax)
+	}
+}
+
+// putBlock writes a block: d [, m] [, qh] and the codes.
+func putBlock(m Method, dst []byte, d, mn float32, q *[GGMLBlock]uint8) error {
 	dh := safetensors.Float32ToFP16(d)
 	mh := safetensors.Float32ToFP16(mn)
 	if dh&0x7c00 == 0x7c00 || mh&0x7c00 == 0x7c00 {
@@ -120,7 +138,7 @@ func QuantizeBlockGGML(m Method, x []float32, dst []byte) error {
 	}
 	binary.LittleEndian.PutUint16(dst, dh)
 	off := 2
-	if ggmlTypes[m].hasMin {
+	if m == Q4_1 || m == Q5_1 {
 		binary.LittleEndian.PutUint16(dst[2:], mh)
 		off = 4
 	}
@@ -150,7 +168,7 @@ func DequantizeBlockGGML(m Method, src []byte, dst []float32) error {
 	d := safetensors.FP16ToFloat32(dh)
 	var mn float32
 	off := 2
-	if ggmlTypes[m].hasMin {
+	if m == Q4_1 || m == Q5_1 {
 		mh := binary.LittleEndian.Uint16(src[2:])
 		if mh&0x7c00 == 0x7c00 {
 			return fmt.Errorf("block minimum is not finite")
@@ -172,17 +190,23 @@ func DequantizeBlockGGML(m Method, src []byte, dst []float32) error {
 		qh = binary.LittleEndian.Uint32(src[off:])
 		off += 4
 	}
-	for j := 0; j < 16; j++ {
-		b := src[off+j]
-		lo := b&0x0f | uint8(qh>>j&1)<<4
-		hi := b>>4 | uint8(qh>>(j+16)&1)<<4
-		switch m {
-		case Q4_0:
-			dst[j], dst[j+16] = d*float32(int8(lo)-8), d*float32(int8(hi)-8)
-		case Q5_0:
-			dst[j], dst[j+16] = d*float32(int8(lo)-16), d*float32(int8(hi)-16)
-		default: // q4_1, q5_1; the conversion rounds d*q first
-			dst[j], dst[j+16] = float32(d*float32(lo))+mn, float32(d*float32(hi))+mn
+	var q [GGMLBlock]uint8
+	for j, b := range src[off : off+16] {
+		q[j] = b&0x0f | uint8(qh>>j&1)<<4
+		q[j+16] = b>>4 | uint8(qh>>(j+16)&1)<<4
+	}
+	switch m {
+	case Q4_0:
+		for i, c := range q {
+			dst[i] = d * float32(int8(c)-8)
+		}
+	case Q5_0:
+		for i, c := range q {
+			dst[i] = d * float32(int8(c)-16)
+		}
+	default: // q4_1, q5_1; the conversion rounds d*q first
+		for i, c := range q {
+			dst[i] = float32(d*float32(c)) + mn
 		}
 	}
 	return nil

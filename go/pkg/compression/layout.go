@@ -201,14 +201,21 @@ func (l *layout) fromQOrder(dst, src []float32) []float32 {
 	return dst[:len(src)]
 }
 
-// transpose writes each [r, c] matrix of src as [c, r] into dst.
+// transpose writes each [r, c] matrix of src as [c, r] into dst, in
+// tiles that stay in cache.
 func transpose(dst, src []float32, r, c int) {
+	const tile = 32
 	m := r * c
 	for base := 0; base+m <= len(src); base += m {
 		s, d := src[base:base+m], dst[base:base+m]
-		for i := 0; i < r; i++ {
-			for j := 0; j < c; j++ {
-				d[j*r+i] = s[i*c+j]
+		for i0 := 0; i0 < r; i0 += tile {
+			for j0 := 0; j0 < c; j0 += tile {
+				for i := i0; i < min(i0+tile, r); i++ {
+					row := s[i*c : i*c+c]
+					for j := j0; j < min(j0+tile, c); j++ {
+						d[j*r+i] = row[j]
+					}
+				}
 			}
 		}
 	}

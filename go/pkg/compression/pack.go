@@ -52,12 +52,14 @@ func Unpack(codes []int8, src []byte, bits int) {
 		}
 		return
 	case 4:
-		for i := range codes {
+		n := len(codes) &^ 1
+		src := src[:(len(codes)+1)/2]
+		for i := 0; i < n; i += 2 {
 			b := src[i/2]
-			if i&1 == 1 {
-				b >>= 4
-			}
-			codes[i] = int8(b<<4) >> 4
+			codes[i], codes[i+1] = int8(b<<4)>>4, int8(b)>>4
+		}
+		if n < len(codes) {
+			codes[n] = int8(src[n/2]<<4) >> 4
 		}
 		return
 	}

@@ -2,6 +2,7 @@ package compression
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -90,7 +91,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		if err := j.encodeChunk(tasks[k].chunk, s); err != nil {
 			return err
 		}
-		y, err := j.decodeChunk(tasks[k].chunk, s)
+		y, err := j.decodeChunk(tasks[k].chunk, s, true)
 		if err != nil {
 			return err
 		}
@@ -281,7 +282,8 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
 	esz := j.dtype.Size()
 	x := s.x[:nhi-nlo]
 	safetensors.DecodeFloat32s(x, j.src[nlo*esz:nhi*esz], j.dtype)
-	if i := firstNonFinite(x); i >= 0 {
+	notFinite := func() error { // the first NaN or Inf of the chunk, by its natural index
+		i := firstNonFinite(x)
 		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.name, nlo+i, x[i], ErrNotFinite)
 	}
 	src := x
@@ -310,6 +312,9 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
 			bb := GGMLBlockBytes(m)
 			err = QuantizeBlockGGML(m, xp[gs:ge], j.codes[gi*bb:(gi+1)*bb])
 		}
+		if errors.Is(err, ErrNotFinite) {
+			return notFinite()
+		}
 		if err != nil {
 			return fmt.Errorf("tensor %q: group %d: %w", j.name, gi, err)
 		}
@@ -317,6 +322,9 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
 	})
 	if err != nil {
 		return err
+	}
+	if l.residualElems() > 0 && firstNonFinite(x) >= 0 { // the kept tokens are not quantized
+		return notFinite()
 	}
 	if !m.IsGGML() {
 		Pack(j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], q, l.s.Bits)
@@ -331,15 +339,16 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
 }
 
 // decodeChunk restores chunk c from the stored form into s.y (natural
-// order, rounded to the source dtype) and into j.restored.
-func (j *tensorJob) decodeChunk(c int, s *chunkScratch) ([]float32, error) {
+// order, rounded to the source dtype) and into j.restored. With inScratch
+// the chunk's codes are still in s.q, as encodeChunk packed them.
+func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float32, error) {
 	l := j.l
 	u0, u1, nlo, nhi, qlo, qhi := l.chunk(c)
 	esz := j.dtype.Size()
 	m := l.s.Method
 	yp := s.a[:qhi-qlo]
 	q := s.q[:qhi-qlo]
-	if !m.IsGGML() {
+	if !m.IsGGML() && !inScratch {
 		Unpack(q, j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], l.s.Bits)
 	}
 	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
@@ -542,7 +551,7 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 	scratch := make([]chunkScratch, workers)
 	err = forEach(len(tasks), workers, func(w, k int) error {
 		j := jobs[tasks[k].tensor]
-		_, err := j.decodeChunk(tasks[k].chunk, scratch[w].get(j.l))
+		_, err := j.decodeChunk(tasks[k].chunk, scratch[w].get(j.l), false)
 		return err
 	})
 	if err != nil {

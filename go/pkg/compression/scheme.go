@@ -26,7 +26,7 @@ const (
 )
 
 // IsGGML reports whether m is a ggml block type.
-func (m Method) IsGGML() bool { _, ok := ggmlTypes[m]; return ok }
+func (m Method) IsGGML() bool { _, ok := ggmlInfo(m); return ok }
 
 // Axis says which elements share a group.
 type Axis string
@@ -73,9 +73,9 @@ func (s Scheme) Validate() error {
 			return fmt.Errorf("group size %d must be a positive even number at most %d", s.Group, MaxGroupSize)
 		}
 	case s.Method.IsGGML():
-		if s.Bits != ggmlTypes[s.Method].bits || s.Group != GGMLBlock || s.Axis != Token {
+		if t, _ := ggmlInfo(s.Method); s.Bits != t.bits || s.Group != GGMLBlock || s.Axis != Token {
 			return fmt.Errorf("%s is %d-bit blocks of %d along the token axis, got bits %d group %d axis %s",
-				s.Method, ggmlTypes[s.Method].bits, GGMLBlock, s.Bits, s.Group, s.Axis)
+				s.Method, t.bits, GGMLBlock, s.Bits, s.Group, s.Axis)
 		}
 	default:
 		return fmt.Errorf("unknown method %q (want sym, asym, q4_0, q4_1, q5_0, q5_1 or q8_0)", s.Method)
@@ -181,7 +181,8 @@ func symScheme(m Method, bits, group int, axis Axis) Scheme {
 func both(s Scheme) Spec { return Spec{Key: s, Value: s} }
 
 func ggmlScheme(m Method) Scheme {
-	return Scheme{Method: m, Bits: ggmlTypes[m].bits, Group: GGMLBlock, Axis: Token}
+	t, _ := ggmlInfo(m)
+	return Scheme{Method: m, Bits: t.bits, Group: GGMLBlock, Axis: Token}
 }
 
 // presets are the schemes engineers deploy, by the names the README gives.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -128,4 +129,90 @@ func countParts(vc v2Case) int {
 		n += len(tv.Parts)
 	}
 	return n
+}
+
+// A version 1 file (one sym scheme in kvq.bits and kvq.group_size, no
+// per-tensor scheme) still decompresses, to the same bytes.
+func TestVersion1FilesStillDecompress(t *testing.T) {
+	src := randomCache(9, 2, 3, 40, 64)
+	res, err := Compress(src, symConfig(3, 32, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := &safetensors.File{Tensors: res.Compressed.Tensors, Metadata: map[string]string{"model_name": "synthetic"}}
+	var infos []map[string]any
+	for _, ti := range src.Tensors {
+		infos = append(infos, map[string]any{"name": ti.Name, "dtype": ti.DType, "shape": ti.Shape})
+	}
+	js, _ := json.Marshal(infos)
+	v1.Metadata["kvq.format"], v1.Metadata["kvq.version"] = "kvq", "1"
+	v1.Metadata["kvq.bits"], v1.Metadata["kvq.group_size"], v1.Metadata["kvq.sparsity"] = "3", "32", "0"
+	v1.Metadata["kvq.tensors"] = string(js)
+	back, hdr, err := Decompress(v1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hdr.Version != 1 || hdr.Spec != "sym3/g32" || back.Metadata["model_name"] != "synthetic" {
+		t.Errorf("header %+v", hdr)
+	}
+	for i := range back.Tensors {
+		if !bytes.Equal(back.Tensors[i].Data, res.Restored.Tensors[i].Data) {
+			t.Errorf("%s: v1 decompress differs", back.Tensors[i].Name)
+		}
+	}
+}
+
+func TestParseSpecRoundTripsAndRejects(t *testing.T) {
+	for _, name := range PresetNames() {
+		s, _ := Preset(name)
+		back, err := ParseSpec(s.String())
+		if err != nil || back != s || s.Name() != name {
+			t.Errorf("%s: %q parses to %+v (%v), name %q", name, s, back, err, s.Name())
+		}
+		js, _ := json.Marshal(s)
+		if back, err := ParseSpec(string(js)); err != nil || back != s {
+			t.Errorf("%s: JSON %s parses to %+v (%v)", name, js, back, err)
+		}
+	}
+	bad := []struct{ spec, want string }{
+		{"", "unknown scheme"},
+		{"int5", "unknown scheme"},
+		{"sym1", "bits 1"},
+		{"asym9", "bits 9"},
+		{"sym4/g0", "group size 0"},
+		{"sym4/g7", "group size 7"},
+		{"sym4/g2147483648", "not an integer"},
+		{"sym4/g1152921504606846976", "not an integer"},
+		{"sym4/out1", "outlier fraction 1"},
+		{"sym4/outNaN", "not a finite number"},
+		{"sym4/sp-0.5", "sparsity -0.5"},
+		{"sym4/res-1", "not an integer"},
+		{"sym4/channel/rot", "rotation works along the token axis only"},
+		{"q4_0/g64", "q4_0 is 4-bit blocks of 32"},
+		{"q8_0/channel", "q8_0 is 8-bit blocks of 32"},
+		{"kivi4/g32", "differs by role"},
+		{"k=int4", "both k= and v="},
+		{"k=int4,k=int8", "once each"},
+		{"k=int4,v=int4,x=1", "once each"},
+		{"sym4/foo", "unknown option"},
+		{`{"key": {"method": "sym"}}`, "bits 0"},
+		{`{"key": {}, "value": {}, "extra": 1}`, "unknown field"},
+	}
+	for _, tc := range bad {
+		if _, err := ParseSpec(tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseSpec(%q) = %v, want an error containing %q", tc.spec, err, tc.want)
+		}
+	}
+}
+
+func ExampleParseSpec() {
+	s, _ := ParseSpec("kivi4")
+	fmt.Println(s)
+	fmt.Println(s.Key.NominalBits(), s.Value.NominalBits())
+	s, _ = ParseSpec("k=int4/out0.01,v=q8_0")
+	fmt.Println(s.For("layer_3_key"), s.For("layer_3_value"))
+	// Output:
+	// k=asym4/g64/channel,v=asym4/g64
+	// 4.5 4.5
+	// sym4/g64/out0.01 q8_0
 }

@@ -1,6 +1,7 @@
 package safetensors
 
 import (
+	"unsafe"
 	"encoding/binary"
 	"math"
 )
@@ -84,6 +85,10 @@ func DecodeFloat32s(dst []float32, src []byte, dt DType) {
 	switch dt {
 	case F32:
 		src = src[:4*len(dst)] // one bounds check for the loop
+		if littleEndian && len(dst) > 0 { // the bytes are already float32s
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), src)
+			return
+		}
 		for i := range dst {
 			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i : 4*i+4]))
 		}
@@ -102,11 +107,19 @@ func DecodeFloat32s(dst []float32, src []byte, dt DType) {
 	}
 }
 
+// littleEndian reports whether this machine stores a float32 as the
+// little-endian bytes safetensors uses, so F32 converts by a plain copy.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 // EncodeFloat32s encodes src as little-endian dtype dt into dst.
 func EncodeFloat32s(dst []byte, src []float32, dt DType) {
 	switch dt {
 	case F32:
 		dst = dst[:4*len(src)]
+		if littleEndian && len(src) > 0 {
+			copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 4*len(src)))
+			return
+		}
 		for i, v := range src {
 			binary.LittleEndian.PutUint32(dst[4*i:4*i+4], math.Float32bits(v))
 		}

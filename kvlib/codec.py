@@ -1,0 +1,131 @@
+"""The codec configuration: which scheme the keys and the values go through.
+
+A ``CodecConfig`` is a frozen, hashable value (it can key a sweep) that
+round-trips to the spec string ``kv-compress -scheme`` takes. The rules of
+the grammar, the presets and every bound live in the Go CLI alone: a spec is
+resolved by asking ``kv-compress check``, so Python never re-implements them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+DEFAULT_SCHEME = "int4"
+CLI_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one tensor role is quantized (the Go ``Scheme``; see the README's table)."""
+
+    method: str = "sym"  # sym, asym, q4_0, q4_1, q5_0, q5_1, q8_0
+    bits: int = 4
+    group: int = 64
+    axis: str = "token"  # token or channel
+    rotate: bool = False  # Walsh-Hadamard along head_dim first
+    outliers: float = 0.0  # fraction of largest |x| kept apart as FP16
+    residual: int = 0  # last tokens kept exact
+    sparsity: float = 0.0  # fraction of smallest |x| zeroed first
+
+    @property
+    def spec(self) -> str:
+        """Canonical spelling, identical to the CLI's."""
+        if self.method.startswith("q"):
+            s = self.method
+        else:
+            s = f"{self.method}{self.bits}/g{self.group}" + ("/channel" if self.axis == "channel" else "")
+        if self.rotate:
+            s += "/rot"
+        if self.outliers:
+            s += f"/out{_num(self.outliers)}"
+        if self.residual:
+            s += f"/res{self.residual}"
+        if self.sparsity:
+            s += f"/sp{_num(self.sparsity)}"
+        return s
+
+
+def _num(v: float) -> str:
+    """Go's strconv.FormatFloat(v, 'g', -1, 64) for the fractions used here."""
+    r = repr(float(v))
+    return r[:-2] if r.endswith(".0") else r
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """A scheme per role: keys (``layer_{i}_key``) and values (every other tensor)."""
+
+    key: Scheme = field(default_factory=Scheme)
+    value: Scheme = field(default_factory=Scheme)
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec: ``resolve_codec(c.spec) == c``."""
+        if self.key == self.value:
+            return self.key.spec
+        return f"k={self.key.spec},v={self.value.spec}"
+
+    @property
+    def name(self) -> str:
+        """The preset name when one matches, else the spec."""
+        for name, cfg in presets().items():
+            if cfg == self:
+                return name
+        return self.spec
+
+    def cli_args(self) -> list[str]:
+        return ["-scheme", self.spec]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spec": self.spec, "name": self.name, "key": asdict(self.key), "value": asdict(self.value)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "CodecConfig":
+        """From the CLI's ``check`` output (key_scheme / value_scheme objects)."""
+        return cls(key=Scheme(**d["key_scheme"]), value=Scheme(**d["value_scheme"]))
+
+
+class SchemeError(ValueError):
+    """A scheme the CLI rejects; the message is the CLI's own line."""
+
+
+def _check(args: tuple[str, ...]) -> Any:
+    from kvlib.bridge import find_cli_binary
+
+    argv = [find_cli_binary(), *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
+    if proc.returncode != 0:
+        line = proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else f"exit status {proc.returncode}"
+        raise SchemeError(line.removeprefix("kv-compress check: "))
+    return json.loads(proc.stdout)
+
+
+@lru_cache(maxsize=256)
+def _resolve(scheme: str, bits: int | None, group_size: int | None, sparsity: float | None) -> CodecConfig:
+    args = ["check", "-scheme", scheme]
+    for flag, v in (("-bits", bits), ("-group-size", group_size), ("-sparsity", sparsity)):
+        if v is not None:
+            args += [flag, repr(v)]
+    return CodecConfig.from_json(_check(tuple(args)))
+
+
+def resolve_codec(scheme: "str | CodecConfig | None" = None, bits: int | None = None, group_size: int | None = None,
+                  sparsity: float | None = None) -> CodecConfig:
+    """A preset name, spec or JSON spec (with the CLI's -bits/-group-size/-sparsity
+    overrides applied to both roles) as a validated CodecConfig. SchemeError names
+    what is wrong, before anything slow has started."""
+    if isinstance(scheme, CodecConfig):
+        if bits is None and group_size is None and sparsity is None:
+            return scheme
+        scheme = scheme.spec
+    return _resolve(scheme or DEFAULT_SCHEME, bits, group_size, sparsity)
+
+
+@lru_cache(maxsize=1)
+def presets() -> dict[str, CodecConfig]:
+    """The CLI's presets, in its order (``kv-compress schemes``)."""
+    return {p["name"]: CodecConfig.from_json(p) for p in _check(("schemes",))}

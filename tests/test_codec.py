@@ -1,0 +1,58 @@
+"""CodecConfig: a hashable value that round-trips to the CLI's spec string,
+with every rule (presets, grammar, bounds) taken from kv-compress itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from kvlib.codec import CodecConfig, Scheme, SchemeError, presets, resolve_codec
+
+PRESETS = ["int4", "int8", "asym4", "kivi4", "kivi2", "rot4", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
+
+
+def test_presets_are_the_issue_table(cli):
+    p = presets()
+    assert list(p) == PRESETS
+    assert p["int4"] == CodecConfig(Scheme("sym", 4, 64), Scheme("sym", 4, 64))
+    assert p["kivi4"] == CodecConfig(Scheme("asym", 4, 64, "channel"), Scheme("asym", 4, 64))
+    assert p["kivi2"] == CodecConfig(Scheme("asym", 2, 32, "channel"), Scheme("asym", 2, 32))
+    assert p["rot4"].key == Scheme("sym", 4, 64, rotate=True) == p["rot4"].value
+    assert p["q5_1"].key == Scheme("q5_1", 5, 32)
+
+
+@pytest.mark.parametrize("spec", PRESETS + [
+    "k=asym4/g64/channel,v=asym4/g64", "asym3/g16/rot/out0.01/res128/sp0.25", "k=kivi2,v=q8_0",
+    "sym8/g32/channel/res7", "k=int4/out1e-05,v=rot4", '{"key": {"method": "q4_0", "bits": 4, "group": 32, "axis": "token"},'
+    ' "value": {"method": "asym", "bits": 2, "group": 8, "axis": "channel"}}',
+])
+def test_spec_round_trips_through_the_cli(spec, cli):
+    c = resolve_codec(spec)
+    cli_spec = json.loads(subprocess.run([cli, "check", "-scheme", spec], capture_output=True, text=True, check=True).stdout)
+    assert c.spec == cli_spec["scheme"]  # Python's canonical spelling is the CLI's
+    assert resolve_codec(c.spec) == c
+    assert {c: 1}[resolve_codec(c.spec)] == 1  # hashable: keys a sweep
+    assert c.name == cli_spec["name"]
+
+
+def test_legacy_flags_override_both_roles():
+    c = resolve_codec("kivi4", bits=3, group_size=16)
+    assert c.key == Scheme("asym", 3, 16, "channel") and c.value == Scheme("asym", 3, 16)
+    assert resolve_codec(None, bits=8) == presets()["int8"]
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("int5", "unknown scheme"), ("sym9", "bits 9"), ("sym4/g63", "group size 63"), ("asym4/channel/rot", "rotation"),
+    ("sym4/out1.5", "outlier fraction 1.5"), ("k=int4", "both k= and v="), ("q4_0/g64", "q4_0 is 4-bit blocks"),
+    ("sym4/gNaN", "option"), ("sym4/g1152921504606846976", "option"),
+])
+def test_bad_specs_fail_with_the_clis_line(spec, words):
+    with pytest.raises(SchemeError, match=words):
+        resolve_codec(spec)
+
+
+def test_ggml_rejects_bits_override():
+    with pytest.raises(SchemeError, match="do not apply to q4_0"):
+        resolve_codec("q4_0", bits=4)
