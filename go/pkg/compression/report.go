@@ -33,15 +33,15 @@ type Report struct {
 	// OriginalSizeBytes is the cache at FP16 (2 bytes an element), the
 	// baseline of CompressionRatio; SourceSizeBytes is the uncompressed
 	// cache in its own dtypes (F32 caches: twice OriginalSizeBytes).
-	OriginalSizeBytes   int64   `json:"original_size_bytes"`
-	SourceSizeBytes     int64   `json:"source_size_bytes"`
-	CompressedSizeBytes int64   `json:"compressed_size_bytes"` // everything stored for the tensors
+	OriginalSizeBytes   int64 `json:"original_size_bytes"`
+	SourceSizeBytes     int64 `json:"source_size_bytes"`
+	CompressedSizeBytes int64 `json:"compressed_size_bytes"` // everything stored for the tensors
 	// StoredBytes splits CompressedSizeBytes by part: codes, scales, zeros,
 	// outliers (indices and values) and residual (exact tokens).
-	StoredBytes map[string]int64 `json:"stored_bytes"`
-	CompressedFileBytes int64   `json:"compressed_file_bytes"` // the whole compressed safetensors file
-	CompressionRatio    float64 `json:"compression_ratio"`
-	BitsPerElement      float64 `json:"bits_per_element"`
+	StoredBytes         map[string]int64 `json:"stored_bytes"`
+	CompressedFileBytes int64            `json:"compressed_file_bytes"` // the whole compressed safetensors file
+	CompressionRatio    float64          `json:"compression_ratio"`
+	BitsPerElement      float64          `json:"bits_per_element"`
 
 	Quality
 	Passed     bool        `json:"passed"`

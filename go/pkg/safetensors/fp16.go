@@ -1,9 +1,9 @@
 package safetensors
 
 import (
-	"unsafe"
 	"encoding/binary"
 	"math"
+	"unsafe"
 )
 
 // FP16ToFloat32 converts IEEE 754 binary16 bits to float32 (exactly).
@@ -84,7 +84,7 @@ func Float32ToBF16(f float32) uint16 {
 func DecodeFloat32s(dst []float32, src []byte, dt DType) {
 	switch dt {
 	case F32:
-		src = src[:4*len(dst)] // one bounds check for the loop
+		src = src[:4*len(dst)]            // one bounds check for the loop
 		if littleEndian && len(dst) > 0 { // the bytes are already float32s
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), src)
 			return
