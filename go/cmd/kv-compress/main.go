@@ -27,6 +27,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"kvlib/pkg/compression"
@@ -68,7 +69,7 @@ func (e usageError) Error() string { return e.msg }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprintln(stderr, "kv-compress: a command is required (kv-compress -h for usage)")
 		return exitError
 	}
 	switch args[0] {
@@ -80,7 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
-	rep, err := dispatch(cmd, args, stderr)
+	rep, err := safeDispatch(cmd, args, stderr)
 	if err == nil {
 		var js []byte
 		if js, err = encodeJSON(rep); err == nil {
@@ -91,11 +92,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "kv-compress %s: %v\n", cmd, err)
+		msg := strings.ReplaceAll(err.Error(), "\n", " ") // one line, always
 		var ue usageError
 		if errors.As(err, &ue) {
-			fmt.Fprint(stderr, usage)
+			msg += " (kv-compress -h for usage)"
 		}
+		fmt.Fprintf(stderr, "kv-compress %s: %s\n", cmd, msg)
 		return exitError
 	}
 	if r, ok := rep.(*compression.Report); ok && !r.Passed {
@@ -163,7 +165,8 @@ func (sf *schemeFlags) spec(set map[string]bool) (compression.Spec, error) {
 
 func parseFlags(cmd string, args []string, stderr io.Writer, needInput, needOutput, quantizes bool) (*config, error) {
 	fs := flag.NewFlagSet("kv-compress "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard) // a bad flag is one line from run, not a usage dump
+	fs.Usage = func() {}
 	c := &config{cfg: compression.DefaultConfig()}
 	var sf schemeFlags
 	if needInput {
@@ -183,6 +186,9 @@ func parseFlags(cmd string, args []string, stderr io.Writer, needInput, needOutp
 	fs.BoolVar(&c.verbose, "verbose", false, "log progress on stderr")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintf(stderr, "usage of kv-compress %s:\n", cmd)
+			fs.PrintDefaults()
 			return nil, err
 		}
 		return nil, usageError{err.Error()}
@@ -222,6 +228,17 @@ func sameFile(a, b string) bool {
 		return os.SameFile(fa, fb)
 	}
 	return filepath.Clean(a) == filepath.Clean(b)
+}
+
+// safeDispatch is dispatch with a panic turned into an error: a bug must
+// still end as one line and exit 2, not a stack trace.
+func safeDispatch(cmd string, args []string, stderr io.Writer) (rep any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			rep, err = nil, fmt.Errorf("internal error: %v", r)
+		}
+	}()
+	return dispatch(cmd, args, stderr)
 }
 
 // dispatch runs one command and returns what it prints: a

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"kvlib/pkg/safetensors"
@@ -100,12 +101,14 @@ func TestBadInputExits2AndWritesNothing(t *testing.T) {
 	nt, _ := safetensors.NewFloatTensor("layer_7_key", safetensors.F32, []int{2}, []float32{1, float32(math.NaN())})
 	safetensors.WriteFile(nanFile, &safetensors.File{Tensors: []safetensors.Tensor{nt}})
 	out := filepath.Join(dir, "out.safetensors")
+	v1NaN := filepath.Join(dir, "v1nan.kvq.safetensors")
+	writeV1(t, in, v1NaN, "NaN")
 	tests := []struct {
 		name string
 		args []string
 		want string
 	}{
-		{"no args", nil, "usage"},
+		{"no args", nil, "a command is required"},
 		{"unknown command", []string{"squash", "-input", in}, `unknown command "squash"`},
 		{"missing input", []string{"compress", "-output", out}, "-input is required"},
 		{"missing output", []string{"compress", "-input", in}, "-output is required"},
@@ -119,6 +122,21 @@ func TestBadInputExits2AndWritesNothing(t *testing.T) {
 		{"nan", []string{"roundtrip", "-input", nanFile, "-output", out}, nanFile + `: tensor "layer_7_key": element 1 is NaN`},
 		{"decompress plain", []string{"decompress", "-input", in, "-output", out}, "not a kvq-compressed file"},
 		{"unwritable", []string{"compress", "-input", in, "-output", filepath.Join(dir, "no", "such", "dir.safetensors")}, "cannot write"},
+		// Issue 9: sizes that cannot exist, non-finite gates, devices.
+		{"group 2^60", []string{"compress", "-input", in, "-output", out, "-group-size", "1152921504606846976"}, "group size 1152921504606846976 must be"},
+		{"group 2^61", []string{"roundtrip", "-input", in, "-output", out, "-group-size", "2305843009213693952"}, "group size"},
+		{"group 2^40", []string{"compress", "-input", in, "-output", out, "-group-size", "1099511627776"}, "group size"},
+		{"group 2^64", []string{"compress", "-input", in, "-output", out, "-group-size", "18446744073709551616"}, "invalid value"},
+		{"workers 1e11", []string{"compress", "-input", in, "-output", out, "-workers", "100000000000"}, "-workers 100000000000 out of range"},
+		{"workers negative", []string{"compress", "-input", in, "-output", out, "-workers", "-1"}, "-workers -1 out of range"},
+		{"min-snr NaN", []string{"compress", "-input", in, "-output", out, "-min-snr", "NaN"}, "-min-snr NaN is not a finite number"},
+		{"max-rmse Inf", []string{"roundtrip", "-input", in, "-output", out, "-max-rmse", "Inf"}, "-max-rmse +Inf is not a finite number"},
+		{"min-cosine -Inf", []string{"compress", "-input", in, "-output", out, "-min-cosine", "-Inf"}, "not a finite number"},
+		{"input /dev/zero", []string{"compress", "-input", "/dev/zero", "-output", out}, "/dev/zero: not a regular file"},
+		{"input directory", []string{"compress", "-input", dir, "-output", out}, "not a regular file"},
+		{"v1 sparsity NaN", []string{"decompress", "-input", v1NaN, "-output", out}, "sparsity NaN out of range"},
+		{"unknown scheme", []string{"compress", "-input", in, "-output", out, "-scheme", "int5"}, `scheme "int5": unknown scheme`},
+		{"bits with ggml", []string{"compress", "-input", in, "-output", out, "-scheme", "q4_0", "-bits", "4"}, "do not apply to q4_0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,6 +149,9 @@ func TestBadInputExits2AndWritesNothing(t *testing.T) {
 			}
 			if !strings.Contains(stderr, tc.want) {
 				t.Errorf("stderr %q does not contain %q", stderr, tc.want)
+			}
+			if strings.Count(stderr, "\n") != 1 || strings.Contains(stderr, "goroutine") {
+				t.Errorf("stderr is not one line: %q", stderr)
 			}
 			if _, err := os.Stat(out); err == nil {
 				t.Errorf("output file left behind")
@@ -145,5 +166,68 @@ func TestBadInputExits2AndWritesNothing(t *testing.T) {
 	}
 	if again, _ := os.ReadFile(in); !bytes.Equal(again, good) {
 		t.Error("the input file was modified")
+	}
+}
+
+// writeV1 writes a version 1 kvq file of the cache at in, with the given
+// kvq.sparsity value (version 1 kept one scheme in the file's metadata).
+func writeV1(t *testing.T, in, path, sparsity string) {
+	t.Helper()
+	if code, _, stderr := runCLI("compress", "-input", in, "-output", path); code > 1 {
+		t.Fatal(stderr)
+	}
+	f, err := safetensors.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var infos []map[string]any
+	json.Unmarshal([]byte(f.Metadata["kvq.tensors"]), &infos)
+	for _, ti := range infos {
+		delete(ti, "scheme")
+		delete(ti, "outliers")
+	}
+	js, _ := json.Marshal(infos)
+	f.Metadata = map[string]string{"kvq.format": "kvq", "kvq.version": "1", "kvq.bits": "4", "kvq.group_size": "64",
+		"kvq.sparsity": sparsity, "kvq.tensors": string(js)}
+	if err := safetensors.WriteFile(path, f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Issue 9, item 7: the output honours the umask; a device path is refused.
+func TestOutputModeAndNonRegularOutput(t *testing.T) {
+	dir := t.TempDir()
+	in := writeCache(t, dir)
+	os.Chmod(in, 0o600)
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	out := filepath.Join(dir, "out.safetensors")
+	if code, _, stderr := runCLI("roundtrip", "-input", in, "-output", out); code > 1 {
+		t.Fatal(stderr)
+	}
+	if st, _ := os.Stat(out); st.Mode().Perm() != 0o600 {
+		t.Errorf("output mode %v under umask 077", st.Mode().Perm())
+	}
+	code, stdout, stderr := runCLI("roundtrip", "-input", in, "-output", "/dev/null")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "/dev/null: not a regular file") {
+		t.Errorf("exit %d, stderr %q", code, stderr)
+	}
+}
+
+// The check and schemes commands describe schemes for Python.
+func TestCheckAndSchemes(t *testing.T) {
+	code, stdout, stderr := runCLI("check", "-scheme", "kivi4", "-bits", "3")
+	if code != 0 {
+		t.Fatal(stderr)
+	}
+	var c map[string]any
+	json.Unmarshal([]byte(stdout), &c)
+	if c["scheme"] != "k=asym3/g64/channel,v=asym3/g64" {
+		t.Errorf("check printed %s", stdout)
+	}
+	code, stdout, _ = runCLI("schemes")
+	var list []map[string]any
+	if code != 0 || json.Unmarshal([]byte(stdout), &list) != nil || len(list) != 11 || list[0]["name"] != "int4" {
+		t.Errorf("schemes printed %s", stdout)
 	}
 }

@@ -62,6 +62,9 @@ func newLayout(shape []int, s Scheme) (*layout, error) {
 	default:
 		l.unitNat, l.unitQ, l.units = 1, 1, l.n
 	}
+	if l.n == 0 { // nothing to do, whatever the shape claims
+		l.units = 0
+	}
 	l.nq = l.unitQ * l.units
 	if s.Method.IsGGML() && l.nq%GGMLBlock != 0 {
 		return nil, fmt.Errorf("%s needs a multiple of %d quantized elements, tensor has %d", s.Method, GGMLBlock, l.nq)
@@ -88,7 +91,7 @@ func newLayout(shape []int, s Scheme) (*layout, error) {
 		k0 = align / gcd(l.unitQ, align)
 	}
 	l.chunkUnits = k0
-	if l.unitNat <= chunkTarget/k0 {
+	if l.unitNat > 0 && l.unitNat <= chunkTarget/k0 {
 		l.chunkUnits = k0 * max(1, chunkTarget/(k0*l.unitNat))
 	}
 	l.chunkUnits = max(1, min(l.chunkUnits, l.units))

@@ -477,7 +477,7 @@ func forEach(n, workers int, fn func(worker, i int) error) error {
 				if i >= n {
 					return
 				}
-				if errs[i] = fn(w, i); errs[i] != nil {
+				if errs[i] = call(fn, w, i); errs[i] != nil {
 					failed.Store(true)
 				}
 			}
@@ -490,6 +490,17 @@ func forEach(n, workers int, fn func(worker, i int) error) error {
 		}
 	}
 	return nil
+}
+
+// call runs fn, turning a panic into an error: a worker goroutine's panic
+// cannot be recovered anywhere else, and must not end the process.
+func call(fn func(worker, i int) error, w, i int) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("internal error: %v", r)
+		}
+	}()
+	return fn(w, i)
 }
 
 // roundToDType rounds float32 values to what dtype dt can hold, saturating

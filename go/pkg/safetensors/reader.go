@@ -6,13 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sort"
+	"unicode/utf8"
 )
 
-// MaxHeaderSize bounds the JSON header, as the reference implementation does.
-const MaxHeaderSize = 100 << 20
+// MaxHeaderSize bounds the JSON header: the reference implementation's
+// limit (100,000,000 bytes), so both accept the same files.
+const MaxHeaderSize = 100_000_000
 
 // MetadataKey is the reserved header entry holding the string metadata.
 const MetadataKey = "__metadata__"
@@ -23,12 +26,37 @@ type headerEntry struct {
 	DataOffsets []uint64 `json:"data_offsets"`
 }
 
-// ReadFile reads and validates a whole safetensors file. Errors start with
+// ReadFile reads and validates a whole safetensors file. Only a regular
+// file is read, and only as many bytes as its header declares, so a device
+// or a file that grows cannot make it read without end. Errors start with
 // the path and name the tensor at fault.
 func ReadFile(path string) (*File, error) {
-	data, err := os.ReadFile(path)
+	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
+	}
+	size := st.Size()
+	var lenBuf [8]byte
+	if _, err := io.ReadFull(fh, lenBuf[:]); err != nil {
+		return nil, fmt.Errorf("%s: truncated: %d bytes, need at least 8 for the header length", path, size)
+	}
+	if n := binary.LittleEndian.Uint64(lenBuf[:]); n > MaxHeaderSize {
+		return nil, fmt.Errorf("%s: header length %d exceeds the %d-byte limit", path, n, MaxHeaderSize)
+	} else if n > uint64(size-8) {
+		return nil, fmt.Errorf("%s: truncated: header length %d runs past the end of the %d-byte file", path, n, size)
+	}
+	data := make([]byte, size)
+	copy(data, lenBuf[:])
+	if _, err := io.ReadFull(fh, data[8:]); err != nil {
+		return nil, fmt.Errorf("%s: reading: %v (the file changed while it was read?)", path, err)
 	}
 	f, err := Parse(data)
 	if err != nil {
@@ -38,7 +66,10 @@ func ReadFile(path string) (*File, error) {
 }
 
 // Parse decodes a safetensors file held in data. The tensors' Data slices
-// alias data. Every length, offset, dtype and shape is checked.
+// alias data. It follows the reference implementation's rules: a UTF-8
+// JSON object, no duplicate keys, metadata values that are strings, and
+// tensors that tile the data section exactly (no gaps, nothing after);
+// every length, offset, dtype and shape is checked.
 func Parse(data []byte) (*File, error) {
 	if len(data) < 8 {
 		return nil, fmt.Errorf("truncated: %d bytes, need at least 8 for the header length", len(data))
@@ -52,37 +83,32 @@ func Parse(data []byte) (*File, error) {
 	}
 	header := data[8 : 8+n]
 	body := data[8+n:]
-
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(header))
-	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("invalid header JSON: %v", err)
+	if !utf8.Valid(header) {
+		return nil, errors.New("invalid header: not valid UTF-8")
 	}
-	if raw == nil {
-		return nil, errors.New("invalid header JSON: not an object")
+	if i := loneSurrogate(header); i >= 0 {
+		return nil, fmt.Errorf("invalid header JSON: unpaired surrogate escape at byte %d", i)
 	}
-	if rest := bytes.TrimRight(header[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
-		return nil, errors.New("invalid header JSON: trailing data after the object")
+	entries, err := topLevel(header)
+	if err != nil {
+		return nil, err
 	}
-
 	f := &File{}
-	if m, ok := raw[MetadataKey]; ok {
-		if err := json.Unmarshal(m, &f.Metadata); err != nil {
-			return nil, fmt.Errorf("invalid %s: want an object of strings: %v", MetadataKey, err)
-		}
-		delete(raw, MetadataKey)
-	}
-
 	type span struct {
 		begin, end uint64
 		tensor     Tensor
 	}
-	spans := make([]span, 0, len(raw))
-	for name, msg := range raw {
+	spans := make([]span, 0, len(entries))
+	for _, kv := range entries {
+		name, msg := kv.key, kv.value
+		if name == MetadataKey {
+			if f.Metadata, err = parseMetadata(msg); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		var e headerEntry
-		dec := json.NewDecoder(bytes.NewReader(msg))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&e); err != nil {
+		if err := json.Unmarshal(msg, &e); err != nil {
 			return nil, fmt.Errorf("tensor %q: invalid header entry: %v", name, err)
 		}
 		size := e.DType.Size()
@@ -113,21 +139,134 @@ func Parse(data []byte) (*File, error) {
 		}
 		spans = append(spans, span{begin, end, Tensor{Name: name, DType: e.DType, Shape: shape, Data: body[begin:end:end]}})
 	}
-	sort.Slice(spans, func(i, j int) bool {
+	sort.SliceStable(spans, func(i, j int) bool {
 		if spans[i].begin != spans[j].begin {
 			return spans[i].begin < spans[j].begin
 		}
 		return spans[i].end < spans[j].end
 	})
-	for i := 1; i < len(spans); i++ {
-		if spans[i].begin < spans[i-1].end {
-			return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] overlap tensor %q [%d, %d]",
-				spans[i].tensor.Name, spans[i].begin, spans[i].end, spans[i-1].tensor.Name, spans[i-1].begin, spans[i-1].end)
+	var at uint64 // the tensors tile [0, len(body)): each starts where the last ended
+	for _, s := range spans {
+		if s.begin != at {
+			if s.begin < at {
+				return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] overlap the previous tensor (ends at %d)", s.tensor.Name, s.begin, s.end, at)
+			}
+			return nil, fmt.Errorf("tensor %q: data_offsets [%d, %d] leave a gap of %d bytes before it", s.tensor.Name, s.begin, s.end, s.begin-at)
 		}
+		at = s.end
+	}
+	if at != uint64(len(body)) {
+		return nil, fmt.Errorf("%d bytes after the last tensor are not covered by any tensor", uint64(len(body))-at)
 	}
 	f.Tensors = make([]Tensor, len(spans))
 	for i, s := range spans {
 		f.Tensors[i] = s.tensor
 	}
 	return f, nil
+}
+
+type keyValue struct {
+	key   string
+	value json.RawMessage
+}
+
+// topLevel reads the header's object entry by entry, so that a duplicate
+// key is an error rather than silently the last one.
+func topLevel(header []byte) ([]keyValue, error) {
+	dec := json.NewDecoder(bytes.NewReader(header))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("invalid header JSON: not an object")
+	}
+	var out []keyValue
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("invalid header JSON: %v", err)
+		}
+		key := tok.(string) // object keys are strings
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("invalid header JSON: %v", err)
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("invalid header JSON: duplicate key %q", key)
+		}
+		seen[key] = true
+		out = append(out, keyValue{key, v})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, fmt.Errorf("invalid header JSON: %v", err)
+	}
+	if rest := bytes.TrimRight(header[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
+		return nil, errors.New("invalid header JSON: trailing data after the object")
+	}
+	return out, nil
+}
+
+// parseMetadata reads "__metadata__": null, or an object of strings.
+func parseMetadata(msg json.RawMessage) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(msg, &raw); err != nil {
+		return nil, fmt.Errorf("invalid %s: want an object of strings: %v", MetadataKey, err)
+	}
+	if raw == nil {
+		return nil, nil
+	}
+	m := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var s *string
+		if err := json.Unmarshal(v, &s); err != nil || s == nil {
+			return nil, fmt.Errorf("invalid %s: value of %q is not a string", MetadataKey, k)
+		}
+		m[k] = *s
+	}
+	return m, nil
+}
+
+// loneSurrogate returns the offset of a \uD800-\uDFFF escape that is not
+// a high surrogate followed by a low one, or -1. (encoding/json would turn
+// it into U+FFFD; the reference implementation rejects the header.)
+func loneSurrogate(h []byte) int {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(h) || h[i] != '\\' || h[i+1] != 'u' {
+			return 0, false
+		}
+		var r rune
+		for _, c := range h[i+2 : i+6] {
+			switch {
+			case '0' <= c && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case 'a' <= c && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case 'A' <= c && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, true
+	}
+	for i := 0; i < len(h); i++ {
+		if h[i] != '\\' {
+			continue
+		}
+		r, ok := hex4(i)
+		if !ok {
+			i++ // skip the escaped character (e.g. \\ or \")
+			continue
+		}
+		switch {
+		case r >= 0xD800 && r < 0xDC00:
+			if lo, ok := hex4(i + 6); ok && lo >= 0xDC00 && lo < 0xE000 {
+				i += 11
+				continue
+			}
+			return i
+		case r >= 0xDC00 && r < 0xE000:
+			return i
+		}
+		i += 5
+	}
+	return -1
 }

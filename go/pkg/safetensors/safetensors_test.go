@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // raw builds a file from a header string and a data section.
@@ -83,7 +84,7 @@ func TestParseBadInput(t *testing.T) {
 		{"trailing garbage", raw(`{} x`, nil), "trailing data"},
 		{"bad metadata", raw(`{"__metadata__":{"a":1}}`, nil), "__metadata__"},
 		{"unknown dtype", raw(`{"t":{"dtype":"F8","shape":[2],"data_offsets":[0,2]}}`, okData), `tensor "t": unknown dtype`},
-		{"unknown field", raw(`{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}`, okData), `tensor "t": invalid header entry`},
+		{"entry not an object", raw(`{"t":[1]}`, okData), `tensor "t": invalid header entry`},
 		{"offsets out of range", raw(`{"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}`, okData), `tensor "t": data_offsets [0, 16] out of range`},
 		{"offsets reversed", raw(`{"t":{"dtype":"U8","shape":[0],"data_offsets":[4,2]}}`, okData), "out of range"},
 		{"offsets wrong count", raw(`{"t":{"dtype":"U8","shape":[2],"data_offsets":[2]}}`, okData), "data_offsets must be"},
@@ -91,6 +92,19 @@ func TestParseBadInput(t *testing.T) {
 		{"negative dim", raw(`{"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}}`, okData), "negative dimension"},
 		{"shape overflow", raw(`{"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}}`, okData), "overflows"},
 		{"overlap", raw(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, okData), "overlap"},
+		// The safetensors library's own rules (issue 9, item 5): each of
+		// these is rejected by safetensors 0.8 too.
+		{"gap between tensors", raw(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}`, make([]byte, 12)), `tensor "b": data_offsets [8, 12] leave a gap of 4 bytes`},
+		{"leading gap", raw(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, okData), `tensor "a": data_offsets [4, 8] leave a gap`},
+		{"trailing bytes", raw(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`, okData), "4 bytes after the last tensor"},
+		{"duplicate tensor", raw(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}`, okData), `duplicate key "a"`},
+		{"duplicate metadata", raw(`{"__metadata__":{"x":"1"},"__metadata__":{"y":"2"}}`, nil), `duplicate key "__metadata__"`},
+		{"invalid utf-8 name", raw("{\"a\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", okData), "not valid UTF-8"},
+		{"lone surrogate", raw(`{"a\ud800":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, okData), "unpaired surrogate"},
+		{"low surrogate alone", raw(`{"a\udc00x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, okData), "unpaired surrogate"},
+		{"null metadata value", raw(`{"__metadata__":{"x":null}}`, nil), `value of "x" is not a string`},
+		{"header of 100000001 bytes", binary.LittleEndian.AppendUint64(nil, 100_000_001), "exceeds the 100000000-byte limit"},
+		{"nul padding", raw("{}\x00", nil), "trailing data"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,6 +113,63 @@ func TestParseBadInput(t *testing.T) {
 				t.Fatalf("Parse error = %v, want it to contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// What the safetensors library accepts, this reader accepts too.
+func TestParseAcceptsWhatTheLibraryAccepts(t *testing.T) {
+	okData := make([]byte, 8)
+	tests := []struct {
+		name  string
+		file  []byte
+		names []string
+	}{
+		{"unknown entry field", raw(`{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}}`, okData), []string{"t"}},
+		{"leading space", raw(` {"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, okData), []string{"t"}},
+		{"null metadata", raw(`{"__metadata__":null,"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, okData), []string{"t"}},
+		{"empty", raw(`{}`, nil), nil},
+		{"zero-size tensors", raw(`{"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"c":{"dtype":"U8","shape":[0],"data_offsets":[8,8]}}`, okData), []string{"a", "b", "c"}},
+		{"escaped names", raw(`{"a\u00ff\ud83d\ude00":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, okData), []string{"a\u00ff\U0001F600"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := Parse(tc.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, x := range f.Tensors {
+				got = append(got, x.Name)
+			}
+			if strings.Join(got, ",") != strings.Join(tc.names, ",") {
+				t.Errorf("tensors %q, want %q", got, tc.names)
+			}
+		})
+	}
+}
+
+func TestReadFileRefusesNonRegularFiles(t *testing.T) {
+	for _, p := range []string{"/dev/zero", t.TempDir()} {
+		if _, err := ReadFile(p); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("ReadFile(%s) = %v", p, err)
+		}
+	}
+}
+
+func TestWriteFileHonoursUmaskAndRefusesNonRegular(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "out.safetensors")
+	if err := WriteFile(p, sample(t)); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(p)
+	if want := os.FileMode(0o666 &^ umask()); st.Mode().Perm() != want {
+		t.Errorf("mode %v, want %v (umask %03o)", st.Mode().Perm(), want, umask())
+	}
+	for _, bad := range []string{"/dev/null", dir} {
+		if err := WriteFile(bad, sample(t)); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("WriteFile(%s) = %v", bad, err)
+		}
 	}
 }
 
@@ -202,10 +273,28 @@ func FuzzReader(f *testing.F) {
 	f.Add(buf.Bytes())
 	f.Add(raw(`{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}`, make([]byte, 8)))
 	f.Add([]byte{})
+	f.Add(raw(`{"__metadata__":{"a":"b"},"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},"b":{"dtype":"U8","shape":[3],"data_offsets":[0,3]}}`, []byte{1, 2, 3}))
+	f.Add(raw(`{"a\ud83d\ude00":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}}`, []byte{0, 60}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		file, err := Parse(data)
 		if err != nil {
 			return
+		}
+		// What is accepted keeps the safetensors library's rules: the
+		// tensors tile the data section exactly, names are unique UTF-8.
+		n := binary.LittleEndian.Uint64(data)
+		body := len(data) - 8 - int(n)
+		covered := 0
+		names := map[string]bool{}
+		for _, x := range file.Tensors {
+			if names[x.Name] || !utf8.ValidString(x.Name) || strings.ContainsRune(x.Name, utf8.RuneError) && !bytes.Contains(data, []byte(x.Name)) {
+				t.Fatalf("tensor name %q duplicated, not UTF-8 or made up", x.Name)
+			}
+			names[x.Name] = true
+			covered += len(x.Data)
+		}
+		if covered != body {
+			t.Fatalf("tensors cover %d of %d data bytes", covered, body)
 		}
 		// Whatever parses must re-encode and parse to the same tensors.
 		var out bytes.Buffer

@@ -86,8 +86,13 @@ func encodeHeader(f *File) ([]byte, error) {
 
 // WriteFile writes f to path atomically: it writes a temporary file in the
 // same directory, syncs it and renames it over path, so a failure never
-// leaves a partial file at path.
+// leaves a partial file at path. The file gets mode 0666 less the umask,
+// as any file a command creates; an existing path that is not a regular
+// file (a device, a directory, a pipe) is refused, never replaced.
 func WriteFile(path string, f *File) (err error) {
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return fmt.Errorf("%s: not a regular file (%s); refusing to replace it", path, st.Mode().Type())
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("%s: cannot write: %w", path, err)
@@ -111,7 +116,7 @@ func WriteFile(path string, f *File) (err error) {
 	if err = tmp.Close(); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	if err = os.Chmod(tmp.Name(), 0o644); err != nil {
+	if err = os.Chmod(tmp.Name(), os.FileMode(0o666&^umask())); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
