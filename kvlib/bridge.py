@@ -115,14 +115,43 @@ def check_cli_available() -> bool:
     return True
 
 
+class KVCompressError(subprocess.CalledProcessError):
+    """kv-compress exited with an error; the message is the CLI's own line
+    (it names the file and the problem)."""
+
+    def __str__(self) -> str:
+        lines = (self.stderr or "").strip().splitlines()
+        return lines[-1] if lines else f"kv-compress exited with status {self.returncode}"
+
+
+# The bridge waits this long for the CLI, plus a second per this many input
+# bytes: generous (the codec runs at ~1 GB/s), but a hung CLI cannot hang a
+# validation for ever.
+TIMEOUT_BASE_S = 60.0
+TIMEOUT_BYTES_PER_S = 5e6
+
+
+def cli_timeout(input_path: str | os.PathLike) -> float:
+    """How long to wait for kv-compress on input_path (scaled to its size)."""
+    try:
+        size = Path(input_path).stat().st_size
+    except OSError:
+        size = 0
+    return TIMEOUT_BASE_S + size / TIMEOUT_BYTES_PER_S
+
+
 def _run(command: str, args: list[str], verbose: bool) -> CompressionMetrics:
     """Run one kv-compress command; exit 0 and 1 (quality gates failed) both return metrics."""
     argv = [find_cli_binary(), command, *args] + (["-verbose"] if verbose else [])
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    timeout = cli_timeout(args[args.index("-input") + 1]) if "-input" in args else TIMEOUT_BASE_S
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"kv-compress {command} did not finish within {timeout:.0f} s: {' '.join(argv)}") from None
     if verbose and proc.stderr:
         print(proc.stderr, end="")
     if proc.returncode not in (0, 1):
-        raise subprocess.CalledProcessError(proc.returncode, argv, output=proc.stdout, stderr=proc.stderr)
+        raise KVCompressError(proc.returncode, argv, output=proc.stdout, stderr=proc.stderr)
     try:
         data = json.loads(proc.stdout)
     except json.JSONDecodeError as e:

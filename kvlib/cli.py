@@ -6,11 +6,13 @@ Exit status: 0 passed, 1 failed, 2 error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from kvlib import corpus, models
 from kvlib.codec import resolve_codec
-from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
+from kvlib.validate import KVQUANT_THRESHOLD, check_parameters, run_full_validation, run_quick_test
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,10 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_output_path(path: str) -> None:
+    """The --json path must be writable: a file whose parent is (or can be) a directory."""
+    p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"--json {path}: is a directory")
+    for parent in [p.parent, *p.parent.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"--json {path}: {parent} is not a directory")
+            if not os.access(parent, os.W_OK):
+                raise PermissionError(f"--json {path}: {parent} is not writable")
+            return
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         codec = resolve_codec(args.scheme, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity)
+        if args.json:
+            check_output_path(args.json)
+        if not args.quick_test:
+            check_parameters(args.threshold, args.stride, args.max_windows, args.context_length)
         if args.quick_test:
             result = run_quick_test(verbose=not args.quiet, codec=codec)
         else:
@@ -45,11 +65,11 @@ def main(argv: list[str] | None = None) -> int:
                 model=args.model, corpus_name=args.corpus, codec=codec, stride=args.stride, max_windows=args.max_windows,
                 context_length=args.context_length,
             )
+        if args.json:
+            result.to_json(args.json)
     except Exception as e:  # a clear one-line error and exit 2, not a traceback
-        print(f"kv-validate: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"kv-validate: error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    if args.json:
-        result.to_json(args.json)
     if args.quiet:
         print(result.verdict)
     return 0 if result.passed else 1

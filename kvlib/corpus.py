@@ -46,7 +46,12 @@ def load_corpus(
         return Corpus(EMBEDDED_NAME, embedded_text())
     path = Path(corpus)
     if path.is_file():
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: corpus is not UTF-8 text (byte {e.start}: {e.reason})") from None
+        if "\x00" in text:
+            raise ValueError(f"{path}: corpus holds NUL bytes: a binary file, not text")
         if not text.strip():
             raise ValueError(f"{path}: corpus file is empty")
         return Corpus(str(path), text)

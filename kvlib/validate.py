@@ -22,7 +22,7 @@ import torch
 from kvlib import bridge, cache, corpus, models
 from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics
 from kvlib.codec import CodecConfig, resolve_codec
-from kvlib.perplexity import evaluate_windows
+from kvlib.perplexity import evaluate_windows, plan_windows
 
 KVQUANT_THRESHOLD = 0.5
 
@@ -95,6 +95,19 @@ def _say(verbose: bool, *args: Any) -> None:
         print(*args, flush=True)
 
 
+def check_parameters(threshold: float, stride: int, max_windows: int | None, context_length: int | None) -> None:
+    """Reject impossible parameters before anything slow starts (ValueError naming the parameter)."""
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold {threshold} is not a finite number")
+    if context_length is not None and context_length < 2:
+        raise ValueError(f"context_length {context_length} must be at least 2")
+    if not 0 < stride <= (context_length or 2048):
+        raise ValueError(f"stride {stride} must be in [1, {context_length or 2048}] (the window length)")
+    if max_windows is not None and max_windows < 2:
+        raise ValueError(f"max_windows {max_windows} must be at least 2 (window 0 has no context to compress) "
+                         "or None for the whole corpus")
+
+
 def run_full_validation(
     device: str | None = None,
     threshold: float = KVQUANT_THRESHOLD,
@@ -116,6 +129,7 @@ def run_full_validation(
     if not bridge.check_cli_available():
         raise RuntimeError(f"Go CLI not found. {bridge.BUILD_HINT}")
     codec = resolve_codec(codec)  # a bad scheme fails before anything loads
+    check_parameters(threshold, stride, max_windows, context_length)
     device = device or cache.default_device()
     text = corpus.load_corpus(corpus_name)  # a bad corpus fails before the slow model load
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
@@ -162,6 +176,9 @@ def run_full_validation(
         _say(verbose, "    Reconstructed cache loaded; shape matches")
 
         L = context_length or models.context_length(lm)
+        if not any(w.context_tokens > 0 for w in plan_windows(ids.shape[1], L, min(stride, L), max_windows)):
+            raise ValueError(f"corpus {text.name} has {ids.shape[1]} tokens: too short for a window with a "
+                             f"compressed context (needs more than {min(stride, L) + 1} at stride {stride})")
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
                       f"({ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")
