@@ -18,17 +18,18 @@ func hadamardScale(d int) float32 { return float32(1 / math.Sqrt(float64(d))) }
 func isPow2(d int) bool { return d > 0 && d&(d-1) == 0 }
 
 // RotateRows applies the transform to every row of length d in x
-// (len(x) a multiple of d, d a power of two).
+// (len(x) a multiple of d, d a power of two). Butterflies within a stage
+// are independent, so any order inside a stage gives the same bits.
 func RotateRows(x []float32, d int) {
 	c := hadamardScale(d)
 	for r := 0; r+d <= len(x); r += d {
 		v := x[r : r+d : r+d]
 		h := 1
-		if d%64 == 0 { // the stages below 64 on fixed arrays: no bounds checks
-			for b := 0; b < d; b += 64 {
-				butterfly64((*[64]float32)(v[b : b+64]))
+		if d >= 8 { // stages h = 1, 2, 4 on 8 values held in registers
+			for i := 0; i+8 <= d; i += 8 {
+				butterfly8((*[8]float32)(v[i : i+8]))
 			}
-			h = 64
+			h = 8
 		}
 		for ; h < d; h *= 2 {
 			for i := 0; i < d; i += 2 * h {
@@ -44,15 +45,19 @@ func RotateRows(x []float32, d int) {
 	}
 }
 
-// butterfly64 is the stages h = 1 ... 32 on one block of 64, in the
-// order of the generic loop (the same additions, so the same bits).
-func butterfly64(v *[64]float32) {
-	for h := 1; h < 64; h *= 2 {
-		for i := 0; i < 64; i += 2 * h {
-			for j := i; j < i+h; j++ {
-				a, b := v[j&63], v[(j+h)&63]
-				v[j&63], v[(j+h)&63] = a+b, a-b
-			}
-		}
-	}
+// butterfly8 is the stages h = 1, 2 and 4 of the transform on 8 values.
+func butterfly8(v *[8]float32) {
+	x0, x1, x2, x3, x4, x5, x6, x7 := v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+	x0, x1 = x0+x1, x0-x1 // h = 1
+	x2, x3 = x2+x3, x2-x3
+	x4, x5 = x4+x5, x4-x5
+	x6, x7 = x6+x7, x6-x7
+	x0, x2 = x0+x2, x0-x2 // h = 2
+	x1, x3 = x1+x3, x1-x3
+	x4, x6 = x4+x6, x4-x6
+	x5, x7 = x5+x7, x5-x7
+	v[0], v[4] = x0+x4, x0-x4 // h = 4
+	v[1], v[5] = x1+x5, x1-x5
+	v[2], v[6] = x2+x6, x2-x6
+	v[3], v[7] = x3+x7, x3-x7
 }
