@@ -19,16 +19,20 @@ SCHEME      ?= int4
 BITS        ?=
 GROUP_SIZE  ?=
 SPARSITY    ?=
-THRESHOLD   ?= 0.5
+THRESHOLD   ?=
 STRIDE      ?= 512
 MAX_WINDOWS ?= 6
 DEVICE      ?= auto
+DTYPE       ?= auto
+SCHEMES     ?= all
+PEERS       ?= True
+SWEEP_WINDOWS ?= 6
 REPORTS     := reports
 BUILD       := build
 # Rendered reports hold results, not progress bars (tqdm reads this at import).
 PAPERMILL   := TQDM_DISABLE=1 $(PY) -m papermill
 
-.PHONY: setup build-compress test test-go test-py test-notebooks report lab bench clean lock
+.PHONY: setup build-compress test test-go test-py test-notebooks report sweep lab bench clean lock
 
 setup: $(STAMP) $(CLI)
 
@@ -64,6 +68,8 @@ test-notebooks: setup
 	  -k kvlib -p max_windows 2 -p context_length 512 -p stride 256 -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/quick_test.ipynb $(BUILD)/nbtest/quick_test.ipynb \
 	  -k kvlib -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	$(PAPERMILL) --prepare-only notebooks/sweep.ipynb $(BUILD)/nbtest/sweep.ipynb -k kvlib -r schemes "int4,kivi4" \
+	  -p max_windows 2 -p context_length 512 -p stride 256 -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(BUILD)/nbtest
 
 report: setup
@@ -71,13 +77,22 @@ report: setup
 	$(PAPERMILL) notebooks/validate_perplexity.ipynb $(BUILD)/executed/validate_perplexity.ipynb -k kvlib \
 	  -p model $(MODEL) -p corpus $(CORPUS) -r scheme "$(SCHEME)" $(if $(BITS),-p bits $(BITS)) \
 	  $(if $(GROUP_SIZE),-p group_size $(GROUP_SIZE)) $(if $(SPARSITY),-p sparsity $(SPARSITY)) \
-	  -p threshold $(THRESHOLD) -p stride $(STRIDE) -p max_windows $(MAX_WINDOWS) -p device $(DEVICE) \
-	  -p output_dir $(CURDIR)/$(REPORTS)
+	  $(if $(THRESHOLD),-p threshold $(THRESHOLD)) -p stride $(STRIDE) -p max_windows $(MAX_WINDOWS) -p device $(DEVICE) \
+	  -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS)
 	$(PAPERMILL) notebooks/quick_test.ipynb $(BUILD)/executed/quick_test.ipynb -k kvlib \
 	  -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) \
 	  $(BUILD)/executed/validate_perplexity.ipynb $(BUILD)/executed/quick_test.ipynb
 	@echo "Report: $(CURDIR)/$(REPORTS)/validate_perplexity.html (results: $(REPORTS)/validate_perplexity.json)"
+
+# Every scheme in one pass: reports/sweep.html and reports/sweep.json.
+sweep: setup
+	mkdir -p $(REPORTS) $(BUILD)/executed
+	$(PAPERMILL) notebooks/sweep.ipynb $(BUILD)/executed/sweep.ipynb -k kvlib \
+	  -p model $(MODEL) -p corpus $(CORPUS) -r schemes "$(SCHEMES)" -p peers $(PEERS) -p stride $(STRIDE) \
+	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS)
+	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/sweep.ipynb
+	@echo "Sweep: $(CURDIR)/$(REPORTS)/sweep.html (results: $(REPORTS)/sweep.json)"
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks

@@ -236,6 +236,13 @@ def _pooled(s: dict[str, float]) -> tuple[float, float, float]:
     return rmse, snr, cos
 
 
+def pooled_quality(s: dict[str, float]) -> dict[str, float]:
+    """RMSE, SNR, cosine and max error of raw sums, as the CLI's JSON names them."""
+    rmse, snr, cos = _pooled(s)
+    return {"rmse": rmse, "snr_db": None if math.isinf(snr) else snr, "cosine_similarity": cos,
+            "max_error": s["max_error"]}
+
+
 def _add_sums(a: dict[str, float] | None, b: dict[str, float]) -> dict[str, float]:
     if a is None:
         return dict(b)
@@ -381,29 +388,48 @@ def print_metrics_report(metrics: CompressionMetrics, title: str = "Compression 
     print(bar)
 
 
+class ContextFile:
+    """Where a window's context cache is saved: once, however many codecs read it."""
+
+    def __init__(self, path: str | os.PathLike, model_name: str = "unknown") -> None:
+        self.path, self.model_name = Path(path), model_name
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._saved: Any = None
+
+    def save(self, cache: Any) -> bool:
+        """Write ``cache`` unless it is the cache written last; True when it wrote."""
+        if cache is self._saved:
+            return False
+        save_kv_cache(cache, self.path, model_name=self.model_name)
+        self._saved = cache
+        return True
+
+
 class CLICacheRoundtrip:
     """A cache transform through the real codec: save as safetensors, run
     ``kv-compress roundtrip``, load the reconstruction as a new DynamicCache.
 
     Callable as ``transform(cache) -> (cache, CompressionMetrics)``; keeps the
     time spent in each part (save, CLI, load) so a benchmark can report it.
+    Transforms that share a ``context`` file save each window's cache once.
     """
 
     def __init__(self, workdir: str | os.PathLike, codec: CodecConfig | str | None = None,
-                 model_name: str = "unknown") -> None:
+                 model_name: str = "unknown", context: ContextFile | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.codec, self.model_name = resolve_codec(codec), model_name
+        self.context = context or ContextFile(self.workdir / "context.safetensors", model_name)
         self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
         self.calls = 0
         find_cli_binary()  # a missing CLI is an error now, not after the first window
 
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
-        src = self.workdir / "context.safetensors"
+        src = self.context.path
         dst = self.workdir / "context.restored.safetensors"
         k0 = cache_layers(cache)[0][0]
         t0 = time.perf_counter()
-        save_kv_cache(cache, src, model_name=self.model_name)
+        self.context.save(cache)
         t1 = time.perf_counter()
         metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
         t2 = time.perf_counter()

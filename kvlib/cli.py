@@ -1,6 +1,8 @@
 """``kv-validate`` (also ``python -m kvlib``): run the validation from a shell.
 
-Exit status: 0 passed, 1 failed, 2 error.
+One scheme: exit 0 passed, 1 failed. Several (``--scheme A --scheme B`` or
+``--schemes all``): a sweep; exit 0 when it recommends a scheme, 1 when none
+passes with confidence. Exit 2 on any error.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import sys
 from pathlib import Path
 
 from kvlib import corpus, models
-from kvlib.codec import resolve_codec
-from kvlib.validate import KVQUANT_THRESHOLD, check_parameters, run_full_validation, run_quick_test
+from kvlib.codec import presets, resolve_codec
+from kvlib.sweep import check_parameters, run_sweep
+from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     p.add_argument("--model", default=models.EMBEDDED, help=f"'{models.EMBEDDED}' (SmolLM2-135M, offline) or an HF id, e.g. {models.TINYLLAMA}")
     p.add_argument("--corpus", default=corpus.EMBEDDED, help=f"'{corpus.EMBEDDED}' (Python docs), '{corpus.WIKITEXT}' (datasets), or a text file")
-    p.add_argument("--scheme", default=None, help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, "
-                   "k=asym4/g64/channel,v=asym4/g64 (kv-compress schemes lists the presets)")
+    p.add_argument("--scheme", action="append", default=None,
+                   help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, k=asym4/g64/channel,v=asym4/g64 "
+                   "(kv-compress schemes lists the presets); repeat it to compare schemes in one pass")
+    p.add_argument("--schemes", default=None, help="comma-separated presets to compare in one pass, or 'all'")
+    p.add_argument("--no-peers", action="store_true", help="in a sweep, leave out transformers' QuantizedCache peer")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="model precision (auto: float32 on CPU, float16 on CUDA)")
     p.add_argument("--bits", type=int, default=None, help="code width, 2-8 (overrides the scheme's, both roles)")
     p.add_argument("--group-size", type=int, default=None, help="elements per quantization group (overrides the scheme's)")
     p.add_argument("--sparsity", type=float, default=None, help="fraction of smallest-magnitude elements zeroed")
@@ -52,17 +60,33 @@ def check_output_path(path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        codec = resolve_codec(args.scheme, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity)
+        specs = list(args.scheme or [])
+        if args.schemes:
+            specs += list(presets()) if args.schemes == "all" else [x for x in args.schemes.split(",") if x]
+        codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity)
+                  for x in specs or [None]]
+        codec = codecs[0]
         if args.json:
             check_output_path(args.json)
         if not args.quick_test:
             check_parameters(args.threshold, args.stride, args.max_windows, args.context_length)
+        if len(codecs) > 1:
+            sweep = run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
+                              dtype=args.dtype, threshold=args.threshold, stride=args.stride,
+                              max_windows=args.max_windows, context_length=args.context_length,
+                              peers=not args.no_peers, verbose=not args.quiet)
+            if args.json:
+                sweep.to_json(args.json)
+            if args.quiet:
+                print(sweep.recommendation)
+            return 0 if sweep.recommended else 1
         if args.quick_test:
             result = run_quick_test(verbose=not args.quiet, codec=codec)
         else:
             result = run_full_validation(
                 device="cpu" if args.cpu else None, threshold=args.threshold, verbose=not args.quiet,
                 model=args.model, corpus_name=args.corpus, codec=codec, stride=args.stride, max_windows=args.max_windows,
+                dtype=args.dtype,
                 context_length=args.context_length,
             )
         if args.json:

@@ -73,7 +73,8 @@ def plan_windows(num_tokens: int, max_length: int, stride: int, max_windows: int
 
 @dataclass
 class WindowResult:
-    """Summed negative log-likelihoods of one window's targets."""
+    """Summed negative log-likelihoods of one window's targets, and how far the
+    compressed model's next-token distributions moved from the exact ones."""
 
     index: int
     begin: int
@@ -84,6 +85,8 @@ class WindowResult:
     compressed_nll: float
     compressed: bool  # whether this window's context went through the transform
     transform_seconds: float = 0.0
+    kld: list[float] = field(default_factory=list)  # per target: KL(exact || compressed), nats
+    top1_agree: int = 0  # targets whose argmax prediction is unchanged
 
     @property
     def baseline_ppl(self) -> float:
@@ -124,57 +127,13 @@ def _ppl(nll: float, n: int) -> float:
     return math.exp(nll / n) if n else math.nan
 
 
-def _nll(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Summed cross-entropy of targets under logits (float32 softmax, float64 sum)."""
-    return float(F.cross_entropy(logits.float(), targets, reduction="none").double().sum())
+def _token_nll(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-target cross-entropy from float32 log-probabilities."""
+    return -logp.gather(1, targets[:, None])[:, 0]
 
 
-@torch.no_grad()
-def evaluate_windows(
-    model: Any,
-    input_ids: torch.Tensor,
-    max_length: int,
-    stride: int = 512,
-    transform: CacheTransform | None = None,
-    max_windows: int | None = None,
-    progress: bool = True,
-) -> PerplexityResult:
-    """Score ``input_ids`` [1, N] window by window; with ``transform``, also through the transformed cache."""
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be [1, N], got {tuple(input_ids.shape)}")
-    device = next(model.parameters()).device
-    windows = plan_windows(input_ids.shape[1], max_length, stride, max_windows)
-    iterator: Any = windows
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(windows, desc="perplexity windows", unit="window")
-    start = time.perf_counter()
-    results: list[WindowResult] = []
-    metrics: list[CompressionMetrics] = []
-    for w in iterator:
-        ids = input_ids[:, w.begin : w.end].to(device)
-        first = w.length - w.num_targets  # window-relative index of the first target
-        use_context = transform is not None and w.context_tokens > 0
-        out = model(input_ids=ids, use_cache=use_context)
-        baseline = _nll(out.logits[0, first - 1 : -1], ids[0, first:])
-        compressed, seconds = baseline, 0.0
-        if use_context:
-            n = w.context_tokens
-            cache = make_cache([(k[:, :, :n], v[:, :, :n]) for k, v in cache_layers(out.past_key_values)])
-            del out
-            t0 = time.perf_counter()
-            cache, m = transform(cache)
-            seconds = time.perf_counter() - t0
-            if m is not None:
-                metrics.append(m)
-            suffix = ids[:, w.context_tokens :]  # the last context token, then the targets
-            out2 = model(input_ids=suffix, past_key_values=cache, use_cache=True)
-            compressed = _nll(out2.logits[0, :-1], suffix[0, 1:])
-        results.append(
-            WindowResult(w.index, w.begin, w.end, w.num_targets, w.context_tokens if use_context else 0,
-                         baseline, compressed, use_context, seconds)
-        )
+def _summarize(results: list[WindowResult], metrics: list[CompressionMetrics], max_length: int, stride: int,
+               seconds: float) -> PerplexityResult:
     n = sum(r.num_targets for r in results)
     base = _ppl(sum(r.baseline_nll for r in results), n)
     comp = _ppl(sum(r.compressed_nll for r in results), n)
@@ -195,11 +154,97 @@ def evaluate_windows(
         context_length=max_length,
         stride=stride,
         windows=results,
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
         transform_seconds=sum(r.transform_seconds for r in results),
         compression=pool_metrics(metrics) if metrics else None,
         window_metrics=metrics,
     )
+
+
+@torch.no_grad()
+def score_windows(
+    model: Any,
+    input_ids: torch.Tensor,
+    max_length: int,
+    stride: int = 512,
+    transforms: dict[str, CacheTransform] | None = None,
+    max_windows: int | None = None,
+    progress: bool = True,
+) -> dict[str, PerplexityResult]:
+    """Score ``input_ids`` [1, N] window by window, exactly and through every transform.
+
+    Per window: one full forward, whose LM head runs only on the positions that
+    predict a target (``logits_to_keep``), gives the baseline and the context
+    cache; then each transform gets that same cache (save it once, compress it
+    once per scheme) and one forward of the suffix against its result. Returns
+    one PerplexityResult per transform name, all over the same targets; with no
+    transforms, one under "" with the baseline alone.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be [1, N], got {tuple(input_ids.shape)}")
+    transforms = dict(transforms or {})
+    names = list(transforms) or [""]
+    device = next(model.parameters()).device
+    windows = plan_windows(input_ids.shape[1], max_length, stride, max_windows)
+    iterator: Any = windows
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(windows, desc="perplexity windows", unit="window")
+    start = time.perf_counter()
+    results: dict[str, list[WindowResult]] = {k: [] for k in names}
+    metrics: dict[str, list[CompressionMetrics]] = {k: [] for k in names}
+    for w in iterator:
+        ids = input_ids[:, w.begin : w.end].to(device)
+        first = w.length - w.num_targets  # window-relative index of the first target
+        targets = ids[0, first:]
+        use_context = bool(transforms) and w.context_tokens > 0
+        out = model(input_ids=ids, use_cache=use_context, logits_to_keep=w.num_targets + 1)
+        logp_base = F.log_softmax(out.logits[0, :-1].float(), dim=-1)
+        nll_base = _token_nll(logp_base, targets)
+        baseline = float(nll_base.double().sum())
+        if not use_context:
+            for k in names:
+                results[k].append(WindowResult(w.index, w.begin, w.end, w.num_targets, 0, baseline, baseline, False,
+                                               kld=[0.0] * w.num_targets, top1_agree=w.num_targets))
+            continue
+        n = w.context_tokens
+        context = make_cache([(k[:, :, :n], v[:, :, :n]) for k, v in cache_layers(out.past_key_values)])
+        del out
+        p_base = logp_base.exp()
+        top1_base = logp_base.argmax(-1)
+        suffix = ids[:, n:]  # the last context token, then the targets
+        for k, transform in transforms.items():
+            t0 = time.perf_counter()
+            cache, m = transform(context)
+            seconds = time.perf_counter() - t0
+            if m is not None:
+                metrics[k].append(m)
+            out2 = model(input_ids=suffix, past_key_values=cache, use_cache=True)
+            logp = F.log_softmax(out2.logits[0, :-1].float(), dim=-1)
+            del out2, cache
+            kld = (p_base * (logp_base - logp)).sum(-1).clamp_min(0)  # >= 0 up to rounding
+            results[k].append(WindowResult(
+                w.index, w.begin, w.end, w.num_targets, n, baseline, float(_token_nll(logp, targets).double().sum()),
+                True, seconds, kld=kld.double().tolist(), top1_agree=int((logp.argmax(-1) == top1_base).sum())))
+    seconds = time.perf_counter() - start
+    return {k: _summarize(results[k], metrics[k], max_length, stride, seconds) for k in names}
+
+
+def evaluate_windows(
+    model: Any,
+    input_ids: torch.Tensor,
+    max_length: int,
+    stride: int = 512,
+    transform: CacheTransform | None = None,
+    max_windows: int | None = None,
+    progress: bool = True,
+) -> PerplexityResult:
+    """Score ``input_ids`` [1, N] window by window; with ``transform``, also through the transformed cache
+    (score_windows with one transform)."""
+    res = score_windows(model, input_ids, max_length, stride, {"": transform} if transform else None,
+                        max_windows, progress)
+    return res[""]
 
 
 def compute_perplexity(

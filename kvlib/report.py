@@ -19,12 +19,31 @@ from matplotlib.ticker import MaxNLocator
 import numpy as np
 import pandas as pd
 
+from kvlib.gates import CI_LEVEL
 from kvlib.validate import ValidationResult
 
 matplotlib.rcParams.update({"figure.dpi": 100, "savefig.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
                             "font.size": 10, "axes.titlesize": 11})
 
 KEY_COLOR, VALUE_COLOR = "#1f77b4", "#d62728"
+
+
+class Figure:
+    """A figure shown as an embedded PNG with alt text (rendered now, then closed)."""
+
+    def __init__(self, fig: Any, alt: str) -> None:
+        import base64
+        import io
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        plt.close(fig)
+        self.alt, self.png = alt, buf.getvalue()
+        self._b64 = base64.b64encode(self.png).decode()
+
+    def _repr_html_(self) -> str:
+        return (f'<img alt="{html.escape(self.alt, quote=True)}" src="data:image/png;base64,{self._b64}" '
+                f'style="max-width:100%;height:auto">')
 
 
 def setup_notebook() -> None:
@@ -87,7 +106,8 @@ def summary_rows(result: ValidationResult | dict[str, Any]) -> list[tuple[str, s
     th = c.get("thresholds") or {}
     packed = c.get("compressed_size_bytes")
     rows = [
-        ("Model", r["model"], f"device {r.get('device', '')}"),
+        ("Model", r["model"], f"device {r.get('device', '')}, {r.get('dtype') or 'float32'}"),
+        ("Scheme", r["scheme_name"], r["scheme"] if r["scheme"] != r["scheme_name"] else ""),
         ("Corpus", r["corpus"], ""),
         ("Windows", str(r["windows"]), f"{r['context_windows']} with a compressed context; length {r['context_length']}, stride {r['stride']}"),
         ("Scored tokens", str(r["scored_tokens"]), f"{r['context_scored_tokens']} after a compressed context"),
@@ -96,8 +116,17 @@ def summary_rows(result: ValidationResult | dict[str, Any]) -> list[tuple[str, s
         ("Delta (all tokens)", fmt(r["delta"], "+.4f"), f"{fmt(r['delta_percent'], '+.2f')} %"),
         ("Delta (gated)", fmt(r["context_delta"], "+.4f"),
          f"{fmt(r['context_baseline_perplexity'], '.4f')} → {fmt(r['context_compressed_perplexity'], '.4f')}; gate &lt; {r['threshold']:g}"),
+        (f"{CI_LEVEL:.0%} CI of the gated delta", f"{fmt(r.get('ci_low'), '+.4f')} to {fmt(r.get('ci_high'), '+.4f')}",
+         "robust: the upper bound is below the threshold too" if r.get("robust") else
+         ("the upper bound crosses the threshold" if r["passed"] else "") + "; bootstrap over windows"),
+        ("KL divergence (mean / median / p99)",
+         f"{fmt(r.get('kld_mean'), '.5f')} / {fmt(r.get('kld_median'), '.5f')} / {fmt(r.get('kld_p99'), '.4f')}",
+         "nats, exact vs compressed next-token distribution, tokens after a compressed context"),
+        ("Top-1 agreement", fmt(r.get("top1_agreement"), ".2f") + " %", "tokens whose most likely next token is unchanged"),
         ("Compression ratio", fmt(r["compression_ratio"], ".3f") + "x", f"vs FP16; {fmt(c.get('bits_per_element'), '.3f')} bits/element"),
-        ("Packed size", f"{packed:,} B" if packed else "–", f"codes + FP16 scales, all windows' caches; FP16 {c.get('original_size_bytes', 0):,} B"),
+        ("Stored size", f"{packed:,} B" if packed else "–",
+         ", ".join(f"{k} {v:,}" for k, v in (c.get("stored_bytes") or {}).items()) + f" B, all windows' caches; "
+         f"FP16 {c.get('original_size_bytes', 0):,} B"),
         ("RMSE", fmt(r["rmse"], ".6f"), f"gate &lt; {th.get('max_rmse', 0.1):g}"),
         ("SNR", fmt(r["snr_db"], ".2f") + " dB", f"gate &gt; {th.get('min_snr_db', 18):g} dB"),
         ("Cosine similarity", fmt(r["cosine_similarity"], ".6f"), f"gate &gt; {th.get('min_cosine_similarity', 0.99):g}"),
@@ -160,7 +189,7 @@ def plot_layer_metrics(result: ValidationResult | dict[str, Any],
         ax.legend(fontsize=8)
     fig.suptitle(title)
     plt.close(fig)
-    return fig
+    return Figure(fig, f"Per-layer SNR, RMSE and cosine similarity of the reconstructed keys and values ({r['scheme_name']}), with the codec's gates")
 
 
 def plot_error_histograms(result: ValidationResult | dict[str, Any]):
@@ -188,7 +217,7 @@ def plot_error_histograms(result: ValidationResult | dict[str, Any]):
     axes[0].set_ylabel("layer")
     fig.colorbar(im, ax=axes, label="share of the layer's elements", shrink=0.9)
     plt.close(fig)
-    return fig
+    return Figure(fig, f"Per-layer histograms of the absolute reconstruction error of keys and values ({r['scheme_name']})")
 
 
 def plot_head_snr_heatmap(result: ValidationResult | dict[str, Any]):
@@ -217,7 +246,7 @@ def plot_head_snr_heatmap(result: ValidationResult | dict[str, Any]):
                 ax.text(j, i, f"{val:.0f}", ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, label="SNR (dB)")
     plt.close(fig)
-    return fig
+    return Figure(fig, f"Heatmap of SNR in dB per layer and KV head ({r['scheme_name']})")
 
 
 def plot_window_perplexity(result: ValidationResult | dict[str, Any]):
@@ -246,7 +275,7 @@ def plot_window_perplexity(result: ValidationResult | dict[str, Any]):
     ax2.set_xticks(idx)
     ax2.legend(fontsize=8)
     plt.close(fig)
-    return fig
+    return Figure(fig, f"Per-window perplexity with the exact and the compressed cache, and the per-window delta ({r['scheme_name']})")
 
 
 def quick_test_table(result: ValidationResult | dict[str, Any]):

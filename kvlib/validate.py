@@ -8,7 +8,6 @@ compressed context: window 0 has none and would only dilute the delta.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -20,11 +19,11 @@ from typing import Any
 import torch
 
 from kvlib import bridge, cache, corpus, models
-from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics
 from kvlib.codec import CodecConfig, resolve_codec
-from kvlib.perplexity import evaluate_windows, plan_windows
+from kvlib.gates import CI_LEVEL, PPL_DELTA_THRESHOLD
+from kvlib.sweep import check_corpus_length, check_parameters, dtype_name, resolve_dtype, score_schemes, write_json
 
-KVQUANT_THRESHOLD = 0.5
+KVQUANT_THRESHOLD = PPL_DELTA_THRESHOLD  # the design documents' name
 
 
 @dataclass
@@ -55,6 +54,14 @@ class ValidationResult:
     context_baseline_perplexity: float = math.nan
     context_compressed_perplexity: float = math.nan
     context_delta: float = math.nan  # the gated delta: windows with a compressed context
+    ci_low: float = math.nan  # confidence interval of the gated delta (kvlib.gates.CI_METHOD)
+    ci_high: float = math.nan
+    robust: bool = False  # passed, and the CI's upper bound is below the threshold too
+    kld_mean: float = math.nan  # KL(exact || compressed) per token after a compressed context, nats
+    kld_median: float = math.nan
+    kld_p99: float = math.nan
+    top1_agreement: float = math.nan  # % of those tokens whose argmax prediction is unchanged
+    dtype: str = ""
     max_error: float = math.nan
     quality_level: str = ""
     quality_passed: bool = False  # the CLI's RMSE/SNR/cosine gates (informational)
@@ -72,40 +79,12 @@ class ValidationResult:
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write the result as JSON (NaN/Inf as null), atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(_finite(self.to_dict()), indent=1) + "\n"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
+        write_json(self.to_dict(), path)
 
 
 def _say(verbose: bool, *args: Any) -> None:
     if verbose:
         print(*args, flush=True)
-
-
-def check_parameters(threshold: float, stride: int, max_windows: int | None, context_length: int | None) -> None:
-    """Reject impossible parameters before anything slow starts (ValueError naming the parameter)."""
-    if not math.isfinite(threshold):
-        raise ValueError(f"threshold {threshold} is not a finite number")
-    if context_length is not None and context_length < 2:
-        raise ValueError(f"context_length {context_length} must be at least 2")
-    if not 0 < stride <= (context_length or 2048):
-        raise ValueError(f"stride {stride} must be in [1, {context_length or 2048}] (the window length)")
-    if max_windows is not None and max_windows < 2:
-        raise ValueError(f"max_windows {max_windows} must be at least 2 (window 0 has no context to compress) "
-                         "or None for the whole corpus")
 
 
 def run_full_validation(
@@ -120,6 +99,7 @@ def run_full_validation(
     context_length: int | None = None,
     workdir: str | os.PathLike | None = None,
     progress: bool | None = None,
+    dtype: str | None = None,
 ) -> ValidationResult:
     """Run the six steps and return the result (see the module docstring for the gate).
 
@@ -131,12 +111,13 @@ def run_full_validation(
     codec = resolve_codec(codec)  # a bad scheme fails before anything loads
     check_parameters(threshold, stride, max_windows, context_length)
     device = device or cache.default_device()
+    torch_dtype = resolve_dtype(dtype, device)
     text = corpus.load_corpus(corpus_name)  # a bad corpus fails before the slow model load
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
 
     _say(verbose, f"[1/6] Loading {models.model_display_name(model)}...")
     t = time.perf_counter()
-    lm, tok = models.load_model_and_tokenizer(model, device=device)
+    lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
     geometry = cache.expected_geometry(lm.config)
     name = models.model_display_name(model)
     _say(verbose, f"    Model loaded on {device}\n    Config: {geometry['expected_layers']} layers, "
@@ -176,27 +157,23 @@ def run_full_validation(
         _say(verbose, "    Reconstructed cache loaded; shape matches")
 
         L = context_length or models.context_length(lm)
-        if not any(w.context_tokens > 0 for w in plan_windows(ids.shape[1], L, min(stride, L), max_windows)):
-            raise ValueError(f"corpus {text.name} has {ids.shape[1]} tokens: too short for a window with a "
-                             f"compressed context (needs more than {min(stride, L) + 1} at stride {stride})")
+        check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
                       f"({ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")
-        roundtrip = CLICacheRoundtrip(Path(workdir) / "windows", codec, model_name=name)
-        ppl = evaluate_windows(lm, ids, L, stride, transform=roundtrip, max_windows=max_windows,
-                               progress=verbose if progress is None else progress)
+        (scheme,), ppl, bridge_timing = score_schemes(
+            lm, ids, L, stride, [codec], Path(workdir) / "windows", name, threshold, peers=False,
+            max_windows=max_windows, progress=verbose if progress is None else progress)
     finally:
         if own_tmp is not None:
             own_tmp.cleanup()
 
-    comp: CompressionMetrics | None = ppl.compression
+    comp = ppl.compression
     ctx_windows = sum(1 for w in ppl.windows if w.compressed)
-    if ctx_windows == 0:
-        passed, verdict = False, "FAILED: no window had a compressed context (raise max_windows)"
-    else:
-        passed = ppl.context_delta < threshold
-        verdict = (f"{'PASSED' if passed else 'FAILED'}: delta {ppl.context_delta:+.4f} "
-                   f"{'<' if passed else '>='} {threshold} threshold")
+    passed = scheme.passed
+    verdict = (f"{'PASSED' if passed else 'FAILED'}: delta {ppl.context_delta:+.4f} "
+               f"{'<' if passed else '>='} {threshold} threshold ({CI_LEVEL:.0%} CI {scheme.ci_low:+.4f} to "
+               f"{scheme.ci_high:+.4f}{'' if scheme.robust or not passed else ': crosses the threshold'})")
     total = time.perf_counter() - t_start
     result = ValidationResult(
         baseline_perplexity=ppl.baseline_perplexity,
@@ -223,6 +200,14 @@ def run_full_validation(
         context_baseline_perplexity=ppl.context_baseline_perplexity,
         context_compressed_perplexity=ppl.context_compressed_perplexity,
         context_delta=ppl.context_delta,
+        ci_low=scheme.ci_low,
+        ci_high=scheme.ci_high,
+        robust=scheme.robust,
+        kld_mean=scheme.kld_mean,
+        kld_median=scheme.kld_median,
+        kld_p99=scheme.kld_p99,
+        top1_agreement=scheme.top1_agreement,
+        dtype=dtype_name(torch_dtype),
         max_error=comp.max_error if comp else math.nan,
         quality_level=comp.quality_level if comp else "",
         quality_passed=comp.passed if comp else False,
@@ -240,7 +225,7 @@ def run_full_validation(
             for w in ppl.windows
         ],
         timing={"total_s": total, "model_load_s": t_model, "perplexity_s": ppl.seconds,
-                "bridge_s": ppl.transform_seconds, **{f"bridge_{k}_s": v for k, v in roundtrip.seconds.items()},
+                "bridge_s": ppl.transform_seconds, **bridge_timing,
                 "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan},
         compression=comp.to_dict() if comp else {},
         verdict=verdict,
@@ -263,6 +248,10 @@ def print_result(r: ValidationResult) -> None:
     print(f"  Delta (all tokens):    {r.delta:+.4f} ({r.delta_percent:+.2f}%)")
     print(f"  Delta (gated):         {r.context_delta:+.4f} over {r.context_scored_tokens} tokens "
           f"with a compressed context ({r.context_baseline_perplexity:.4f} -> {r.context_compressed_perplexity:.4f})")
+    print(f"  {CI_LEVEL:.0%} CI (gated):        {r.ci_low:+.4f} to {r.ci_high:+.4f}"
+          f"{'' if r.robust or not r.passed else ' (crosses the threshold)'}")
+    print(f"  KL divergence:         mean {r.kld_mean:.5f}, median {r.kld_median:.5f}, p99 {r.kld_p99:.4f} nats; "
+          f"top-1 agreement {r.top1_agreement:.2f}%")
     print(f"  Compression Ratio:     {r.compression_ratio:.2f}x ({r.scheme_name}: {r.scheme})")
     print(thin)
     print(f"  RMSE:                  {r.rmse:.6f}")

@@ -1,0 +1,89 @@
+"""The peer: transformers' own ``QuantizedCache`` (optimum-quanto backend),
+run through the same windows and targets as kvlib's schemes, so a user sees
+what they would otherwise get. Its residual length covers nothing, so the
+whole context is quantized, as kvlib quantizes it.
+
+Its storage and reconstruction error are measured from the quantized tensors
+themselves and reported in the CLI's JSON shape, so the sweep pools them with
+the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvlib.bridge import CompressionMetrics, pooled_quality
+from kvlib.cache import cache_layers
+
+PEER_BITS = (4, 2)
+PEER_GROUP = 64
+
+
+def peer_name(nbits: int) -> str:
+    return f"hf-quanto-int{nbits}"
+
+
+def peer_unavailable() -> str | None:
+    """Why the peer cannot run here, or None when it can."""
+    try:
+        import optimum.quanto  # noqa: F401
+        from transformers import QuantizedCache  # noqa: F401
+    except Exception as e:  # ImportError, or a broken extension build
+        return f"optimum-quanto cannot be imported ({type(e).__name__}: {e})"
+    return None
+
+
+def _sums(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    x, y = x.double().reshape(-1), y.double().reshape(-1)
+    e = y - x
+    return {"n": x.numel(), "sum_x2": float(x @ x), "sum_y2": float(y @ y), "sum_xy": float(x @ y),
+            "sum_e2": float(e @ e), "max_error": float(e.abs().max()) if e.numel() else 0.0}
+
+
+def _nbytes(q: Any) -> int:
+    """Bytes a quanto tensor stores: packed codes, scales and shifts."""
+    total = 0
+    for name in ("_data", "_scale", "_shift"):
+        t = getattr(q, name, None)
+        if t is None:
+            continue
+        t = getattr(t, "_data", t)  # PackedTensor keeps its bytes in _data
+        total += t.numel() * t.element_size()
+    return total
+
+
+class QuantoPeer:
+    """A cache transform: ``(cache) -> (QuantizedCache, CompressionMetrics)``."""
+
+    def __init__(self, config: Any, nbits: int, q_group_size: int = PEER_GROUP) -> None:
+        self.config, self.nbits, self.q_group_size = config, nbits, q_group_size
+        self.name = peer_name(nbits)
+
+    def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
+        from transformers import QuantizedCache
+
+        qc = QuantizedCache(backend="quanto", config=self.config, nbits=self.nbits, residual_length=0,
+                            q_group_size=self.q_group_size)
+        tensors, stored, n = [], 0, 0
+        for i, (k, v) in enumerate(cache_layers(cache)):
+            qc.update(k, v, i)
+            layer = qc.layers[i]
+            for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
+                y = layer._dequantize(q).to(x.dtype)
+                s = _sums(x.float(), y.float())
+                tensors.append({"name": f"layer_{i}_{role}", "sums": s, "head_sums": [], "error_histogram": [],
+                                **pooled_quality(s)})
+                stored += _nbytes(q)
+                n += x.numel()
+        total = {key: sum(t["sums"][key] for t in tensors) for key in ("n", "sum_x2", "sum_y2", "sum_xy", "sum_e2")}
+        total["max_error"] = max((t["sums"]["max_error"] for t in tensors), default=0.0)
+        metrics = CompressionMetrics.from_dict({
+            "command": "peer", "scheme": self.name, "scheme_name": self.name,
+            "compression_ratio": 2 * n / stored if stored else 0.0, "original_size_bytes": 2 * n,
+            "compressed_size_bytes": stored, "bits_per_element": 8 * stored / n if n else 0.0,
+            "num_elements": n, "num_tensors": len(tensors), "passed": True, "violations": [],
+            "sums": total, "tensors": tensors, **pooled_quality(total),
+        })
+        return qc, metrics

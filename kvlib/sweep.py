@@ -1,0 +1,330 @@
+"""The sweep: every scheme in one pass over the same windows and targets, the
+numbers an engineer decides on (perplexity delta with a confidence interval,
+KL divergence, top-1 agreement, measured bits), and a recommendation.
+
+Per window the model runs the full window once (the baseline, its LM head only
+on the scored positions), the context cache is saved once, and each scheme
+costs one codec round trip and one forward of the suffix. Validating one
+scheme is a sweep of one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvlib import bridge, cache, corpus, models
+from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics, ContextFile
+from kvlib.codec import CodecConfig, resolve_codec
+from kvlib.gates import CI_LEVEL, CI_METHOD, PPL_DELTA_THRESHOLD, robust, verdict
+from kvlib.perplexity import PerplexityResult, plan_windows, score_windows
+from kvlib.stats import KLDSummary, bootstrap_delta_ci
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class SchemeResult:
+    """One scheme (or the peer) over the sweep's windows: quality, cost, verdict."""
+
+    name: str  # preset name, spec, or the peer's name
+    spec: str
+    kind: str  # "kvq" (kv-compress) or "peer" (transformers' QuantizedCache)
+    bits_per_element: float = math.nan
+    compression_ratio: float = math.nan  # vs FP16
+    compressed_perplexity: float = math.nan
+    delta: float = math.nan  # all scored tokens
+    context_compressed_perplexity: float = math.nan
+    context_delta: float = math.nan  # the gated delta: tokens after a compressed context
+    ci_low: float = math.nan  # CI of the gated delta
+    ci_high: float = math.nan
+    kld_mean: float = math.nan  # KL(exact || compressed), nats, over tokens after a compressed context
+    kld_median: float = math.nan
+    kld_p99: float = math.nan
+    top1_agreement: float = math.nan  # % of those tokens whose argmax is unchanged
+    keys: dict[str, float] = field(default_factory=dict)  # RMSE, SNR, cosine of all key tensors pooled
+    values: dict[str, float] = field(default_factory=dict)
+    layer_key_snr_db: list[float] = field(default_factory=list)
+    layer_value_snr_db: list[float] = field(default_factory=list)
+    passed: bool = False  # the gate: gated delta < threshold
+    robust: bool = False  # and the CI's upper bound too
+    window_deltas: list[float] = field(default_factory=list)  # per-window ppl delta (compressed windows)
+    seconds: float = 0.0  # codec round trips of this scheme
+    compression: dict[str, Any] = field(default_factory=dict)  # pooled codec metrics, per tensor included
+    error: str = ""  # why a peer could not run
+
+    @property
+    def verdict_text(self) -> str:
+        if self.error:
+            return "not run"
+        return ("PASS (robust)" if self.robust else "PASS (CI crosses the gate)") if self.passed else "FAIL"
+
+
+@dataclass
+class SweepResult:
+    """Every scheme's result over the same windows, and which to use."""
+
+    model: str
+    corpus: str
+    device: str
+    dtype: str
+    threshold: float
+    stride: int
+    context_length: int
+    windows: int
+    scored_tokens: int
+    context_windows: int
+    context_scored_tokens: int
+    baseline_perplexity: float
+    context_baseline_perplexity: float
+    schemes: list[SchemeResult]
+    recommended: str | None
+    recommendation: str
+    ci_method: str = CI_METHOD
+    kv_geometry: dict[str, int] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def scheme(self, name: str) -> SchemeResult:
+        for s in self.schemes:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        """Write the result as JSON (NaN/Inf as null), atomically."""
+        write_json(self.to_dict(), path)
+
+
+def write_json(d: dict[str, Any], path: str | os.PathLike) -> None:
+    """JSON with NaN/Inf as null, written to a temp file and renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(_finite(d), indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _layer_snr(comp: CompressionMetrics | None, role: str) -> list[float]:
+    """Pooled SNR of each layer's key or value tensor, in layer order."""
+    if comp is None:
+        return []
+    out = {}
+    for t in comp.tensors:
+        parts = t["name"].split("_")
+        if len(parts) == 3 and parts[0] == "layer" and parts[2] == role:
+            out[int(parts[1])] = bridge.pool_tensors([t], "")["snr_db"]
+    return [out[i] for i in sorted(out)]
+
+
+def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, threshold: float,
+                  seconds: float = 0.0) -> SchemeResult:
+    """The numbers of one scheme from its windows (gated measures: compressed windows only)."""
+    ctx = [w for w in ppl.windows if w.compressed]
+    b = np.array([w.baseline_nll for w in ctx])
+    c = np.array([w.compressed_nll for w in ctx])
+    n = np.array([w.num_targets for w in ctx])
+    lo, hi = bootstrap_delta_ci(b, c, n)
+    kld = KLDSummary.of([v for w in ctx for v in w.kld])
+    comp = ppl.compression
+    r = SchemeResult(
+        name=name, spec=spec, kind=kind,
+        bits_per_element=comp.bits_per_element if comp else math.nan,
+        compression_ratio=comp.compression_ratio if comp else math.nan,
+        compressed_perplexity=ppl.compressed_perplexity, delta=ppl.delta,
+        context_compressed_perplexity=ppl.context_compressed_perplexity, context_delta=ppl.context_delta,
+        ci_low=lo, ci_high=hi, kld_mean=kld.mean, kld_median=kld.median, kld_p99=kld.p99,
+        top1_agreement=100 * sum(w.top1_agree for w in ctx) / n.sum() if n.sum() else math.nan,
+        keys=bridge.pool_tensors(comp.tensors, "_key") if comp else {},
+        values=bridge.pool_tensors(comp.tensors, "_value") if comp else {},
+        layer_key_snr_db=_layer_snr(comp, "key"), layer_value_snr_db=_layer_snr(comp, "value"),
+        window_deltas=[w.compressed_ppl - w.baseline_ppl for w in ctx], seconds=seconds,
+        compression=comp.to_dict() if comp else {},
+    )
+    r.passed = bool(ctx) and verdict(r.context_delta, threshold)
+    r.robust = r.passed and robust(r.ci_high, threshold)
+    return r
+
+
+def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
+    """The fewest bits/element among the robust schemes, and a sentence saying so."""
+    ok = [s for s in schemes if s.robust and not s.error and math.isfinite(s.bits_per_element)]
+    if not ok:
+        passing = [s.name for s in schemes if s.passed]
+        if passing:
+            return None, (f"No scheme passes with {CI_LEVEL:.0%} confidence; {', '.join(passing)} pass(es) the gate "
+                          "but the CI crosses it: score more windows.")
+        return None, "No scheme keeps the model's quality: none passes the perplexity gate."
+    best = min(ok, key=lambda s: (s.bits_per_element, s.context_delta))
+    saving = 100 * (1 - best.bits_per_element / 16)
+    return best.name, (f"Use {best.name} ({best.spec}): {best.bits_per_element:.2f} bits/element, "
+                       f"{best.compression_ratio:.2f}x smaller than FP16 ({saving:.0f}% less memory), gated delta "
+                       f"{best.context_delta:+.4f} (CI {best.ci_low:+.4f} to {best.ci_high:+.4f}), "
+                       f"top-1 agreement {best.top1_agreement:.1f}%.")
+
+
+def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, codecs: list[CodecConfig],
+                  workdir: str | os.PathLike, model_name: str, threshold: float = PPL_DELTA_THRESHOLD,
+                  peers: bool = False, max_windows: int | None = None, progress: bool = False,
+                  ) -> tuple[list[SchemeResult], PerplexityResult, dict[str, float]]:
+    """Score every codec (and the peers) over the same windows; the shared core
+    of run_sweep and run_full_validation. Returns the scheme results, the first
+    codec's PerplexityResult (windows and baseline), and bridge timings."""
+    from kvlib.peer import PEER_BITS, QuantoPeer, peer_name, peer_unavailable
+
+    context = ContextFile(Path(workdir) / "context.safetensors", model_name)
+    transforms: dict[str, Any] = {}
+    for i, c in enumerate(codecs):
+        transforms[c.name] = CLICacheRoundtrip(Path(workdir) / f"scheme{i}", c, model_name, context=context)
+    missing = peer_unavailable() if peers else None
+    if peers and missing is None:
+        for nbits in PEER_BITS:
+            transforms[peer_name(nbits)] = QuantoPeer(lm.config, nbits)
+    res = score_windows(lm, ids, max_length, stride, transforms, max_windows, progress)
+    out = []
+    for name, t in transforms.items():
+        spec, kind = (t.codec.spec, "kvq") if isinstance(t, CLICacheRoundtrip) else (
+            f"transformers QuantizedCache, quanto int{t.nbits}, group {t.q_group_size}, residual 0", "peer")
+        out.append(scheme_result(name, spec, kind, res[name], threshold, res[name].transform_seconds))
+    if peers and missing is not None:
+        out += [SchemeResult(name=peer_name(b), spec="transformers QuantizedCache (quanto)", kind="peer", error=missing)
+                for b in PEER_BITS]
+    clis = [t for t in transforms.values() if isinstance(t, CLICacheRoundtrip)]
+    timing = {f"bridge_{k}_s": sum(t.seconds[k] for t in clis) for k in ("save", "cli", "load")}
+    return out, res[codecs[0].name], timing
+
+
+def run_sweep(
+    codecs: list[CodecConfig | str] | None = None,
+    model: str = models.EMBEDDED,
+    corpus_name: str = corpus.EMBEDDED,
+    device: str | None = None,
+    dtype: str | None = None,
+    threshold: float = PPL_DELTA_THRESHOLD,
+    stride: int = 512,
+    max_windows: int | None = None,
+    context_length: int | None = None,
+    peers: bool = True,
+    workdir: str | os.PathLike | None = None,
+    verbose: bool = True,
+    progress: bool | None = None,
+) -> SweepResult:
+    """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
+    preset) and transformers' QuantizedCache over the same windows."""
+    from kvlib.codec import presets
+
+    t_start = time.perf_counter()
+    resolved = [resolve_codec(c) for c in (codecs or list(presets()))]  # bad specs fail first
+    if len({c.name for c in resolved}) != len(resolved):
+        raise ValueError("a scheme is listed twice: " + ", ".join(c.name for c in resolved))
+    check_parameters(threshold, stride, max_windows, context_length)
+    device = device or cache.default_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    text = corpus.load_corpus(corpus_name)
+    say = print if verbose else (lambda *a, **k: None)
+    say(f"Loading {models.model_display_name(model)} ({dtype_name(torch_dtype)}, {device})...")
+    lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
+    ids = corpus.tokenize(tok, text)
+    L = context_length or models.context_length(lm)
+    check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
+    names = ", ".join(c.name for c in resolved) + (" + the transformers QuantizedCache peer" if peers else "")
+    say(f"Scoring {names} on {text.name} ({ids.shape[1]} tokens, window {L}, stride {stride})...")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="kvlib-sweep-") as tmp:
+        schemes, first, timing = score_schemes(
+            lm, ids, L, stride, resolved, workdir or tmp, models.model_display_name(model), threshold, peers,
+            max_windows, verbose if progress is None else progress)
+    seconds = time.perf_counter() - t0
+    schemes.sort(key=lambda s: (bool(s.error), not s.passed, s.bits_per_element, s.context_delta))
+    rec, sentence = recommend(schemes)
+    g = cache.expected_geometry(lm.config)
+    result = SweepResult(
+        model=models.model_display_name(model), corpus=text.name, device=device, dtype=dtype_name(torch_dtype),
+        threshold=threshold, stride=stride, context_length=L, windows=first.num_windows,
+        scored_tokens=first.scored_tokens, context_windows=sum(w.compressed for w in first.windows),
+        context_scored_tokens=first.context_scored_tokens, baseline_perplexity=first.baseline_perplexity,
+        context_baseline_perplexity=first.context_baseline_perplexity, schemes=schemes, recommended=rec,
+        recommendation=sentence,
+        kv_geometry={"num_layers": g["expected_layers"], "num_kv_heads": g["expected_kv_heads"],
+                     "head_dim": g["expected_head_dim"]},
+        timing={"total_s": time.perf_counter() - t_start, "scoring_s": seconds,
+                "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing},
+    )
+    if verbose:
+        print_sweep(result)
+    return result
+
+
+def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
+    """float32 on CPU and float16 on CUDA unless asked; ValueError names the choices."""
+    if dtype is None or dtype == "auto":
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def check_corpus_length(name: str, num_tokens: int, max_length: int, stride: int, max_windows: int | None) -> None:
+    """A corpus too short for any window with a compressed context is an input error."""
+    if not any(w.context_tokens > 0 for w in plan_windows(num_tokens, max_length, min(stride, max_length), max_windows)):
+        raise ValueError(f"corpus {name} has {num_tokens} tokens: too short for a window with a compressed "
+                         f"context (needs more than {min(stride, max_length) + 1} at stride {stride})")
+
+
+def check_parameters(threshold: float, stride: int, max_windows: int | None, context_length: int | None) -> None:
+    """Reject impossible parameters before anything slow starts (ValueError naming the parameter)."""
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold {threshold} is not a finite number")
+    if context_length is not None and context_length < 2:
+        raise ValueError(f"context_length {context_length} must be at least 2")
+    if not 0 < stride <= (context_length or 2048):
+        raise ValueError(f"stride {stride} must be in [1, {context_length or 2048}] (the window length)")
+    if max_windows is not None and max_windows < 2:
+        raise ValueError(f"max_windows {max_windows} must be at least 2 (window 0 has no context to compress) "
+                         "or None for the whole corpus")
+
+
+def print_sweep(r: SweepResult) -> None:
+    """A fixed-width table of the sweep, best first, and the recommendation."""
+    bar = "=" * 108
+    print(bar)
+    print(f"  SWEEP  {r.model} on {r.corpus} ({r.dtype}, {r.device}): {r.windows} windows, "
+          f"{r.context_scored_tokens} tokens after a compressed context, baseline ppl {r.context_baseline_perplexity:.4f}")
+    print(bar)
+    print(f"  {'scheme':16s} {'bits/el':>7s} {'ratio':>6s} {'delta gated':>11s} {f'{CI_LEVEL:.0%} CI':>19s} "
+          f"{'KLD mean':>9s} {'KLD p99':>8s} {'top-1':>6s} {'key SNR':>7s} {'val SNR':>7s}  verdict")
+    for s in r.schemes:
+        if s.error:
+            print(f"  {s.name:16s} not run: {s.error}")
+            continue
+        print(f"  {s.name:16s} {s.bits_per_element:7.3f} {s.compression_ratio:5.2f}x {s.context_delta:+11.4f} "
+              f"[{s.ci_low:+8.4f}, {s.ci_high:+8.4f}] {s.kld_mean:9.5f} {s.kld_p99:8.4f} {s.top1_agreement:5.1f}% "
+              f"{s.keys.get('snr_db', math.nan):7.2f} {s.values.get('snr_db', math.nan):7.2f}  {s.verdict_text}")
+    print(bar)
+    print(f"  {r.recommendation}")
+    print(bar)
