@@ -41,6 +41,7 @@ func TestHostileShapesAndParameters(t *testing.T) {
 		{"group larger than the tensor", f32("t", []int{3}, 1, 2, 3), "sym4/g1073741824", ""},
 		{"channel group larger than tokens", f32("t", []int{1, 1, 3, 2}, 1, 2, 3), "asym4/g1073741824/channel", ""},
 		{"residual larger than tokens", f32("t", []int{1, 2, 3, 4}, 1), "sym4/g64/res1073741824", ""},
+		{"channel groups, residual covers every token", f32("t", []int{1, 1, 7, 32}, 1, 2), "asym8/g2/channel/res1073741824", ""},
 		{"outliers of an empty tensor", f32("t", []int{1, 2, 0, 4}), "sym4/g64/out0.5", ""},
 		{"channel on 2-D", f32("t", []int{4, 4}), "asym4/g4/channel", "needs a 4-D"},
 	}

@@ -209,6 +209,9 @@ func (l *layout) fromQOrder(dst, src []float32) []float32 {
 func transpose(dst, src []float32, r, c int) {
 	const tile = 32
 	m := r * c
+	if m == 0 { // nothing to move (e.g. a residual that covers every token)
+		return
+	}
 	for base := 0; base+m <= len(src); base += m {
 		s, d := src[base:base+m], dst[base:base+m]
 		for i0 := 0; i0 < r; i0 += tile {
