@@ -313,8 +313,9 @@ def print_sweep(r: SweepResult) -> None:
     """A fixed-width table of the sweep, best first, and the recommendation."""
     bar = "=" * 108
     print(bar)
-    print(f"  SWEEP  {r.model} on {r.corpus} ({r.dtype}, {r.device}): {r.windows} windows, "
-          f"{r.context_scored_tokens} tokens after a compressed context, baseline ppl {r.context_baseline_perplexity:.4f}")
+    print(f"  SWEEP  {r.model} on {r.corpus} ({r.dtype}, {r.device})")
+    print(f"  {r.windows} windows, {r.context_scored_tokens} tokens after a compressed context, "
+          f"baseline perplexity {r.context_baseline_perplexity:.4f}")
     print(bar)
     print(f"  {'scheme':16s} {'bits/el':>7s} {'ratio':>6s} {'delta gated':>11s} {f'{CI_LEVEL:.0%} CI':>19s} "
           f"{'KLD mean':>9s} {'KLD p99':>8s} {'top-1':>6s} {'key SNR':>7s} {'val SNR':>7s}  verdict")

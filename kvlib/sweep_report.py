@@ -79,6 +79,8 @@ def plot_pareto(result: SweepResult | dict[str, Any]) -> Figure:
     ax.axhline(r["threshold"], color=FAIL_COLOR, lw=1, label=f"gate: delta < {r['threshold']:g}")
     ax.axhline(0, color="black", lw=0.5)
     ax.set_yscale("symlog", linthresh=0.01, linscale=0.5)
+    for a in (ax, ax2):  # room for the labels at the edges
+        a.margins(x=0.12, y=0.12)
     ax.set_xlabel("bits per element (measured, including scales, zero points, outliers, residual)")
     ax.set_ylabel("gated perplexity delta (symlog)")
     ax.set_title(f"Cost against quality: {CI_LEVEL:.0%} CI bars, ◆ = transformers' QuantizedCache")
@@ -122,7 +124,8 @@ def ranked_table(result: SweepResult | dict[str, Any]):
     from IPython.display import HTML
 
     r = _as_dict(result)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADERS)
+    head = "".join(f'<th style="text-align:{"left" if i in (0, len(HEADERS) - 1) else "right"}">{html.escape(h)}</th>'
+                   for i, h in enumerate(HEADERS))
     body = ""
     for s, row in zip(r["schemes"], ranked_rows(r)):
         color = "#1a7f37" if s.get("robust") else ("#9a6700" if s.get("passed") else "#cf222e")
@@ -138,10 +141,10 @@ def specs_table(result: SweepResult | dict[str, Any]):
     """What each row is: its exact spec (from the CLI) or the peer's configuration."""
     from IPython.display import HTML
 
-    rows = "".join(f"<tr><th style='text-align:left'>{html.escape(s['name'])}</th><td><code>{html.escape(s['spec'])}"
-                   f"</code></td></tr>" for s in _as_dict(result)["schemes"])
-    return HTML(f'<table id="kvlib-sweep-specs" style="font-size:12.5px"><thead><tr><th>Scheme</th><th>Spec</th></tr>'
-                f'</thead><tbody>{rows}</tbody></table>')
+    rows = "".join(f"<tr><th style='text-align:left'>{html.escape(s['name'])}</th><td style='text-align:left'><code>"
+                   f"{html.escape(s['spec'])}</code></td></tr>" for s in _as_dict(result)["schemes"])
+    return HTML(f'<table id="kvlib-sweep-specs" style="font-size:12.5px"><thead><tr><th style="text-align:left">'
+                f'Scheme</th><th style="text-align:left">Spec</th></tr></thead><tbody>{rows}</tbody></table>')
 
 
 def plot_layer_snr(result: SweepResult | dict[str, Any]) -> Figure:

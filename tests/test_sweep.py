@@ -1,0 +1,124 @@
+"""The sweep: every scheme in one pass, through the real CLI, on the embedded
+model; its results equal single-scheme runs exactly; the statistics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvlib import peer, sweep
+from kvlib.gates import PPL_DELTA_THRESHOLD
+from kvlib.stats import KLDSummary, bootstrap_delta_ci
+from kvlib.sweep import SchemeResult, recommend, run_sweep
+from kvlib.validate import run_full_validation
+
+SMALL = dict(corpus_name="embedded", max_windows=2, context_length=512, stride=256, verbose=False, progress=False)
+
+
+@pytest.fixture(scope="module")
+def small_sweep(cli):
+    return run_sweep(["int4", "kivi4"], peers=True, **SMALL)
+
+
+def test_sweep_of_two_schemes_and_the_peers(small_sweep):
+    r = small_sweep
+    names = [s.name for s in r.schemes]
+    assert set(names) == {"int4", "kivi4", "hf-quanto-int4", "hf-quanto-int2"}
+    assert r.windows == 2 and r.context_windows == 1 and r.context_scored_tokens == 256
+    for s in r.schemes:
+        assert not s.error
+        assert s.ci_low <= s.context_delta <= s.ci_high
+        assert s.kld_mean > 0 and s.kld_median <= s.kld_p99 and 0 < s.top1_agreement <= 100
+        assert len(s.layer_key_snr_db) == len(s.layer_value_snr_db) == r.kv_geometry["num_layers"]
+        assert s.passed == (s.context_delta < PPL_DELTA_THRESHOLD)
+    assert r.scheme("int4").bits_per_element == pytest.approx(4.25)
+    assert r.scheme("kivi4").spec == "k=asym4/g64/channel,v=asym4/g64"
+    assert r.scheme("hf-quanto-int4").bits_per_element == pytest.approx(5.0, abs=0.02)  # FP32 scale + shift per 64
+    assert r.scheme("kivi4").keys["snr_db"] > r.scheme("int4").keys["snr_db"] + 6  # channel groups fix the keys
+    # Ranked: passing schemes first, cheapest first; the recommendation is the cheapest robust one.
+    passing = [s for s in r.schemes if s.passed]
+    assert r.schemes[: len(passing)] == passing
+    assert [s.bits_per_element for s in passing] == sorted(s.bits_per_element for s in passing)
+    robust = [s for s in r.schemes if s.robust]
+    assert r.recommended == (min(robust, key=lambda s: s.bits_per_element).name if robust else None)
+
+
+def test_sweep_results_equal_single_scheme_runs_exactly(small_sweep):
+    one = run_full_validation(codec="kivi4", **SMALL)
+    s = small_sweep.scheme("kivi4")
+    assert one.context_delta == s.context_delta and one.delta == s.delta
+    assert one.compressed_perplexity == s.compressed_perplexity
+    assert one.baseline_perplexity == small_sweep.baseline_perplexity
+    assert (one.ci_low, one.ci_high, one.kld_mean, one.top1_agreement) == (s.ci_low, s.ci_high, s.kld_mean,
+                                                                           s.top1_agreement)
+    assert one.keys == s.keys and one.compression["sums"] == s.compression["sums"]
+
+
+def test_identity_transform_has_no_divergence(cli):
+    """The exact cache through the split path: KLD 0 (to float rounding) and top-1 100 %."""
+    from kvlib import corpus, models
+    from kvlib.perplexity import score_windows
+
+    lm, tok = models.load_model_and_tokenizer("embedded", device="cpu")
+    ids = corpus.tokenize(tok, corpus.load_corpus("embedded"))
+    res = score_windows(lm, ids, 512, 256, {"identity": lambda c: (c, None)}, max_windows=3, progress=False)["identity"]
+    ctx = [w for w in res.windows if w.compressed]
+    assert len(ctx) == 2
+    kld = KLDSummary.of([v for w in ctx for v in w.kld])
+    assert kld.mean < 1e-6 and kld.p99 < 1e-5
+    assert sum(w.top1_agree for w in ctx) == sum(w.num_targets for w in ctx)
+    assert abs(res.context_delta) < 1e-3
+
+
+def test_bootstrap_ci_by_hand():
+    """Two windows A and B: every resample is AA, AB, BA or BB (25 % each), so the
+    95 % percentile interval runs from delta(AA) to delta(BB) exactly."""
+    lo, hi = bootstrap_delta_ci([10.0, 20.0], [11.0, 23.0], [5, 5])
+    assert lo == pytest.approx(math.exp(22 / 10) - math.exp(20 / 10), rel=1e-12)
+    assert hi == pytest.approx(math.exp(46 / 10) - math.exp(40 / 10), rel=1e-12)
+    same = bootstrap_delta_ci([7.0] * 4, [8.0] * 4, [3] * 4)  # identical windows: no spread
+    assert same[0] == same[1] == pytest.approx(math.exp(8 / 3) - math.exp(7 / 3))
+    assert all(math.isnan(v) for v in bootstrap_delta_ci([], [], []))
+    k = KLDSummary.of(np.arange(101.0))
+    assert (k.mean, k.median, k.p99, k.tokens) == (50.0, 50.0, 99.0, 101)
+
+
+def _scheme(name, bits, delta, lo, hi, passed=None):
+    s = SchemeResult(name=name, spec=name, kind="kvq", bits_per_element=bits, compression_ratio=16 / bits,
+                     context_delta=delta, ci_low=lo, ci_high=hi, top1_agreement=99.0)
+    s.passed = delta < PPL_DELTA_THRESHOLD if passed is None else passed
+    s.robust = s.passed and hi < PPL_DELTA_THRESHOLD
+    return s
+
+
+def test_recommendation_is_the_cheapest_robust_scheme():
+    a = _scheme("cheap-but-unsure", 3.0, 0.3, 0.1, 0.7)
+    b = _scheme("robust", 4.25, 0.2, 0.1, 0.3)
+    c = _scheme("robust-dearer", 8.5, 0.01, 0.0, 0.02)
+    d = _scheme("fails", 2.0, 3.0, 2.5, 3.5)
+    name, sentence = recommend([a, b, c, d])
+    assert name == "robust" and "4.25 bits/element" in sentence and "3.76x" in sentence and "73% less" in sentence
+    name, sentence = recommend([a, d])
+    assert name is None and "cheap-but-unsure" in sentence and "CI crosses" in sentence
+    assert recommend([d]) == (None, "No scheme keeps the model's quality: none passes the perplexity gate.")
+
+
+def test_missing_peer_is_reported_and_the_sweep_goes_on(monkeypatch, cli):
+    monkeypatch.setattr(peer, "peer_unavailable", lambda: "optimum-quanto cannot be imported (test)")
+    r = run_sweep(["int4"], peers=True, **SMALL)
+    rows = {s.name: s for s in r.schemes}
+    assert rows["hf-quanto-int4"].error == "optimum-quanto cannot be imported (test)"
+    assert rows["hf-quanto-int4"].verdict_text == "not run" and not rows["int4"].error
+
+
+def test_duplicate_and_bad_schemes_fail_first(cli):
+    with pytest.raises(ValueError, match="listed twice"):
+        run_sweep(["int4", "sym4/g64"], **SMALL)
+    from kvlib.codec import SchemeError
+
+    with pytest.raises(SchemeError, match="unknown scheme"):
+        run_sweep(["int4", "int5"], **SMALL)
+    with pytest.raises(ValueError, match="dtype 'float8'"):
+        sweep.resolve_dtype("float8", "cpu")
