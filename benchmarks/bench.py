@@ -7,12 +7,16 @@ baseline measured in the same run (ratios, because the machines are noisy).
 2. Validation: the baseline + compressed perplexity pair on WikiText-2 for 6
    windows through the real bridge (safetensors + kv-compress + load), and the
    same pair in-process with the torch copy of the arithmetic.
+3. Sweep: the cost of each extra scheme against one baseline + compressed
+   pair, the single-scheme loop against the previous one, and bfloat16
+   against float32 (throughput and baseline perplexity).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -27,14 +31,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from legacy_windows import legacy_pair  # noqa: E402
 from torch_kvq import TorchCacheRoundtrip  # noqa: E402
 
 from kvlib.bridge import CLICacheRoundtrip, find_cli_binary, pool_tensors  # noqa: E402
-from kvlib.codec import presets  # noqa: E402
+from kvlib.codec import presets, resolve_codec  # noqa: E402
+from kvlib.bridge import ContextFile  # noqa: E402
 from kvlib.cache import cache_layers, make_cache, save_kv_cache  # noqa: E402
 from kvlib.corpus import load_corpus, tokenize  # noqa: E402
 from kvlib.models import load_model_and_tokenizer  # noqa: E402
-from kvlib.perplexity import evaluate_windows  # noqa: E402
+from kvlib.perplexity import evaluate_windows, score_windows  # noqa: E402
 
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
 
@@ -142,7 +148,38 @@ def main() -> None:
     print(f"  compressed perplexity: CLI {full.compressed_perplexity:.6f}, in-process {inproc.compressed_perplexity:.6f}"
           f" ({'identical' if same else f'differ by {abs(full.compressed_perplexity - inproc.compressed_perplexity):.2e}'})")
     print(f"  baseline {full.baseline_perplexity:.4f}, delta {full.delta:+.4f} (all tokens), "
-          f"{full.context_delta:+.4f} (gated)")
+          f"{full.context_delta:+.4f} (gated)\n")
+    with tempfile.TemporaryDirectory(prefix="kvlib-bench-sweep-") as tmp2:
+        sweep_costs(model, ids, Path(tmp2), args.windows)
+
+
+def sweep_costs(model, ids, tmp: Path, windows: int) -> None:
+    """Extra-scheme cost, single-scheme speed-up, and bfloat16 against float32, in one run."""
+    def transforms(names: list[str], sub: str) -> dict:
+        ctx = ContextFile(tmp / sub / "context.safetensors", "SmolLM2-135M")
+        return {n: CLICacheRoundtrip(tmp / sub / n, resolve_codec(n), "SmolLM2-135M", context=ctx) for n in names}
+
+    one = score_windows(model, ids, 2048, 512, transforms(["int4"], "one"), windows, progress=False)["int4"]
+    three = score_windows(model, ids, 2048, 512, transforms(["int4", "kivi4", "q8_0"], "three"), windows,
+                          progress=False)
+    legacy_s, legacy_b, legacy_c = legacy_pair(model, ids, 2048, 512, CLICacheRoundtrip(tmp / "legacy", "int4"), windows)
+    t1, t3 = one.seconds, three["int4"].seconds
+    extra = (t3 - t1) / 2
+    print(f"== Sweep: {one.num_windows} windows of 2048 (stride 512), {one.scored_tokens} scored tokens, float32")
+    print(f"  one scheme (int4), baseline + compressed   {t1:7.1f} s")
+    print(f"  three schemes (int4, kivi4, q8_0)          {t3:7.1f} s")
+    print(f"  each extra scheme / one pair               {extra / t1:7.3f}  (target <= 0.25)")
+    print(f"  previous single-scheme loop (full logits)  {legacy_s:7.1f} s")
+    print(f"  single-scheme speed-up vs previous loop    {legacy_s / t1:7.3f}x (target > 1); same perplexities: "
+          f"{abs(math.exp(legacy_c / one.scored_tokens) - one.compressed_perplexity) < 1e-9}")
+    same = all(three["int4"].windows[i].compressed_nll == one.windows[i].compressed_nll for i in range(one.num_windows))
+    print(f"  int4 inside the sweep equals int4 alone    {same}")
+    bf16 = load_model_and_tokenizer("embedded", device="cpu", dtype=torch.bfloat16)[0]
+    f32 = score_windows(model, ids, 2048, 512, None, windows, progress=False)[""]
+    b16 = score_windows(bf16, ids, 2048, 512, None, windows, progress=False)[""]
+    print(f"  baseline only, float32                     {f32.seconds:7.1f} s, perplexity {f32.baseline_perplexity:.4f}")
+    print(f"  baseline only, bfloat16                    {b16.seconds:7.1f} s, perplexity {b16.baseline_perplexity:.4f}")
+    print(f"  bfloat16 / float32 throughput              {f32.seconds / b16.seconds:7.3f}x")
 
 
 if __name__ == "__main__":

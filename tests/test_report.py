@@ -25,6 +25,7 @@ class _Page(HTMLParser):
         self.banner_text: list[str] = []
         self.rows: dict[str, str] = {}
         self.images: list[str] = []
+        self.alts: list[str] = []
         self._in_banner = 0
         self._in_table = False
         self._cell: list[str] | None = None
@@ -45,6 +46,7 @@ class _Page(HTMLParser):
             self._row = []
         if tag == "img" and (a.get("src") or "").startswith("data:image/png;base64,"):
             self.images.append(a["src"].split(",", 1)[1])
+            self.alts.append(a.get("alt") or "")
 
     def handle_endtag(self, tag):
         if tag == "div" and self._in_banner:
@@ -108,13 +110,18 @@ def test_table_numbers_equal_the_json(rendered):
         ("Cosine similarity", "cosine_similarity", 6), ("Max error", "max_error", 4),
     ]:
         assert _close(rows[label], data[key], decimals), (label, rows[label], data[key])
-    assert int(rows["Packed size"].split()[0].replace(",", "")) == data["compression"]["compressed_size_bytes"]
+    assert int(rows["Stored size"].split()[0].replace(",", "")) == data["compression"]["compressed_size_bytes"]
     assert rows["Quality level"] == data["quality_level"]
+    assert rows["Scheme"] == data["scheme_name"] == "int4"
+    assert rows["95% CI of the gated delta"] == f"{data['ci_low']:+.4f} to {data['ci_high']:+.4f}"
+    assert rows["KL divergence (mean / median / p99)"].startswith(f"{data['kld_mean']:.5f} / ")
+    assert rows["Top-1 agreement"] == f"{data['top1_agreement']:.2f} %"
 
 
 def test_every_plot_is_an_embedded_image(rendered):
     page, _, html = rendered
     assert len(page.images) == 4  # layer metrics, error histograms, head SNR heatmap, per-window perplexity
+    assert all(len(alt) > 40 for alt in page.alts), page.alts  # every image says what it shows
     for img in page.images:
         png = base64.b64decode(img)
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -122,3 +122,26 @@ def test_duplicate_and_bad_schemes_fail_first(cli):
         run_sweep(["int4", "int5"], **SMALL)
     with pytest.raises(ValueError, match="dtype 'float8'"):
         sweep.resolve_dtype("float8", "cpu")
+
+
+def test_sweep_report_shows_the_result(small_sweep):
+    """Banner, ranked table and plots from the SweepResult: what the notebook displays."""
+    from kvlib import sweep_report
+
+    r = small_sweep
+    banner = sweep_report.banner(r).data
+    assert r.recommendation.replace("'", "&#x27;") in banner or r.recommendation in banner
+    rows = sweep_report.ranked_rows(r)
+    assert [row[0] for row in rows] == [s.name for s in r.schemes]
+    for row, s in zip(rows, r.schemes):
+        assert row[4] == f"{s.context_delta:+.4f}" and row[1] == f"{s.bits_per_element:.3f}"
+        assert row[-1].startswith("PASS" if s.passed else "FAIL")
+    table = sweep_report.ranked_table(r).data
+    assert table.count("<tr>") == len(r.schemes) + 1 and 'id="kvlib-sweep-table"' in table
+    fr = sweep_report.frontier(r.to_dict()["schemes"])
+    assert fr[0]["bits_per_element"] == min(s.bits_per_element for s in r.schemes)
+    assert all(a["context_delta"] > b["context_delta"] for a, b in zip(fr, fr[1:]))
+    for fig in (sweep_report.plot_pareto(r), sweep_report.plot_layer_snr(r)):
+        html = fig._repr_html_()
+        assert html.startswith('<img alt="') and "data:image/png;base64," in html and "kivi4" in fig.alt
+        assert fig.png[:8] == b"\x89PNG\r\n\x1a\n"
