@@ -19,6 +19,7 @@ SCHEME      ?= int4
 BITS        ?=
 GROUP_SIZE  ?=
 SPARSITY    ?=
+LOSSLESS    ?=
 THRESHOLD   ?=
 STRIDE      ?= 512
 MAX_WINDOWS ?= 6
@@ -77,6 +78,7 @@ report: setup
 	$(PAPERMILL) notebooks/validate_perplexity.ipynb $(BUILD)/executed/validate_perplexity.ipynb -k kvlib \
 	  -p model $(MODEL) -p corpus $(CORPUS) -r scheme "$(SCHEME)" $(if $(BITS),-p bits $(BITS)) \
 	  $(if $(GROUP_SIZE),-p group_size $(GROUP_SIZE)) $(if $(SPARSITY),-p sparsity $(SPARSITY)) \
+	  $(if $(filter 1 true True yes,$(LOSSLESS)),-p lossless True) \
 	  $(if $(THRESHOLD),-p threshold $(THRESHOLD)) -p stride $(STRIDE) -p max_windows $(MAX_WINDOWS) -p device $(DEVICE) \
 	  -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS)
 	$(PAPERMILL) notebooks/quick_test.ipynb $(BUILD)/executed/quick_test.ipynb -k kvlib \

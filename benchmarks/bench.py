@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from code_entropy import code_entropy  # noqa: E402
 from legacy_windows import legacy_pair  # noqa: E402
 from torch_kvq import TorchCacheRoundtrip  # noqa: E402
 
@@ -82,6 +83,34 @@ def preset_table(cli: str, src: Path, runs: int, memcopy: float) -> None:
     print("  (MB/s of F32 input, 2 goroutines; the figure after compress+restore is the share of memcopy speed)\n")
 
 
+def lossless_table(cli: str, src: Path, tmp: Path, runs: int, memcopy: float) -> None:
+    """Each preset with and without the lossless stage, against the order-0 entropy of its codes."""
+    print("  preset   bits/el (vs FP16)     +lossless (vs FP16)  saved  codes: entropy  stored -> coded  "
+          "compress+restore  decompress  identical")
+    for name in presets():
+        plain, coded = tmp / f"{name}.kvq", tmp / f"{name}.lossless.kvq"
+        a = json.loads(subprocess.run([cli, "compress", "-input", str(src), "-output", str(plain), "-scheme", name],
+                                      capture_output=True, text=True).stdout)
+        b = json.loads(subprocess.run([cli, "compress", "-input", str(src), "-output", str(coded), "-scheme", name,
+                                       "-lossless"], capture_output=True, text=True).stdout)
+        ra, rb = tmp / "a.safetensors", tmp / "b.safetensors"
+        for f, r in ((plain, ra), (coded, rb)):
+            subprocess.run([cli, "decompress", "-input", str(f), "-output", str(r)], capture_output=True, check=True)
+        same = ra.read_bytes() == rb.read_bytes()
+        h = code_entropy(str(plain))
+        codes_raw, codes_coded = a["stored_bytes"]["codes"], b["stored_bytes"]["codes"]
+        g = go_bench(src, runs, name + "+lossless", "CompressRestore|Decompress")
+        print(f"  {name:7s} {a['bits_per_element']:6.3f} ({a['compression_ratio']:5.3f}x)   "
+              f"{b['bits_per_element']:6.3f} ({b['compression_ratio']:5.3f}x)  {100 * b['lossless']['saved']:4.1f}%  "
+              f"{h:5.3f} b/code {8 * codes_raw / a['num_elements']:5.3f} -> {8 * codes_coded / a['num_elements']:5.3f}  "
+              f"{g['CompressRestore']:7.0f} MB/s {g['CompressRestore'] / memcopy:5.3f}  {g['Decompress']:6.0f} MB/s  "
+              f"{same}")
+        for p in (plain, coded, ra, rb):
+            p.unlink()
+    print("  (entropy: order-0, bits per quantization code; stored -> coded: bits per element of the codes part "
+          "before and after the stage, ggml blocks with their scales; MB/s of F32 input)\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS if DEFAULT_CORPUS.exists() else "embedded"))
@@ -128,6 +157,8 @@ def main() -> None:
               f"cosine {rt['cosine_similarity']:.5f}, {rt['quality_level']}\n")
         print("== Every preset on the same cache")
         preset_table(cli, src, args.go_runs, g["Memcopy"])
+        print("== The lossless stage on the same cache")
+        lossless_table(cli, src, tmp, args.go_runs, g["Memcopy"])
 
         # 2. Validation pair: through the bridge, then in-process.
         codec = CLICacheRoundtrip(tmp / "windows", model_name="SmolLM2-135M")

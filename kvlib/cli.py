@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from kvlib import corpus, models
-from kvlib.codec import presets, resolve_codec
-from kvlib.sweep import check_parameters, run_sweep
+from kvlib.codec import resolve_codec
+from kvlib.sweep import check_parameters, default_schemes, run_sweep
 from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, k=asym4/g64/channel,v=asym4/g64 "
                    "(kv-compress schemes lists the presets); repeat it to compare schemes in one pass")
     p.add_argument("--schemes", default=None, help="comma-separated presets to compare in one pass, or 'all'")
+    p.add_argument("--lossless", action="store_true", help="add kv-compress's lossless stage (smaller files, same results)")
     p.add_argument("--no-peers", action="store_true", help="in a sweep, leave out transformers' QuantizedCache peer")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model precision (auto: float32 on CPU, float16 on CUDA)")
@@ -62,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         specs = list(args.scheme or [])
         if args.schemes:
-            specs += list(presets()) if args.schemes == "all" else [x for x in args.schemes.split(",") if x]
-        codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity)
-                  for x in specs or [None]]
+            specs += default_schemes() if args.schemes == "all" else [x for x in args.schemes.split(",") if x]
+        codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity,
+                                lossless=args.lossless) for x in specs or [None]]
         codec = codecs[0]
         if args.json:
             check_output_path(args.json)

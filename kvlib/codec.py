@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 DEFAULT_SCHEME = "int4"
+LOSSLESS_SUFFIX = "+lossless"
 CLI_TIMEOUT_S = 60
 
 
@@ -61,32 +62,34 @@ class CodecConfig:
 
     key: Scheme = field(default_factory=Scheme)
     value: Scheme = field(default_factory=Scheme)
+    lossless: bool = False  # the entropy stage after the quantizer: smaller files, same reconstruction
 
     @property
     def spec(self) -> str:
         """The canonical spec: ``resolve_codec(c.spec) == c``."""
-        if self.key == self.value:
-            return self.key.spec
-        return f"k={self.key.spec},v={self.value.spec}"
+        s = self.key.spec if self.key == self.value else f"k={self.key.spec},v={self.value.spec}"
+        return s + LOSSLESS_SUFFIX if self.lossless else s
 
     @property
     def name(self) -> str:
-        """The preset name when one matches, else the spec."""
+        """The preset name when one matches (with "+lossless" when the stage is on), else the spec."""
+        plain = replace(self, lossless=False)
         for name, cfg in presets().items():
-            if cfg == self:
-                return name
+            if cfg == plain:
+                return name + (LOSSLESS_SUFFIX if self.lossless else "")
         return self.spec
 
     def cli_args(self) -> list[str]:
         return ["-scheme", self.spec]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"spec": self.spec, "name": self.name, "key": asdict(self.key), "value": asdict(self.value)}
+        return {"spec": self.spec, "name": self.name, "key": asdict(self.key), "value": asdict(self.value),
+                "lossless": self.lossless}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "CodecConfig":
         """From the CLI's ``check`` output (key_scheme / value_scheme objects)."""
-        return cls(key=Scheme(**d["key_scheme"]), value=Scheme(**d["value_scheme"]))
+        return cls(key=Scheme(**d["key_scheme"]), value=Scheme(**d["value_scheme"]), lossless=bool(d.get("lossless")))
 
 
 class SchemeError(ValueError):
@@ -105,8 +108,9 @@ def _check(args: tuple[str, ...]) -> Any:
 
 
 @lru_cache(maxsize=256)
-def _resolve(scheme: str, bits: int | None, group_size: int | None, sparsity: float | None) -> CodecConfig:
-    args = ["check", "-scheme", scheme]
+def _resolve(scheme: str, bits: int | None, group_size: int | None, sparsity: float | None,
+             lossless: bool) -> CodecConfig:
+    args = ["check", "-scheme", scheme] + (["-lossless"] if lossless else [])
     for flag, v in (("-bits", bits), ("-group-size", group_size), ("-sparsity", sparsity)):
         if v is not None:
             args += [flag, repr(v)]
@@ -114,15 +118,15 @@ def _resolve(scheme: str, bits: int | None, group_size: int | None, sparsity: fl
 
 
 def resolve_codec(scheme: "str | CodecConfig | None" = None, bits: int | None = None, group_size: int | None = None,
-                  sparsity: float | None = None) -> CodecConfig:
+                  sparsity: float | None = None, lossless: bool = False) -> CodecConfig:
     """A preset name, spec or JSON spec (with the CLI's -bits/-group-size/-sparsity
-    overrides applied to both roles) as a validated CodecConfig. SchemeError names
-    what is wrong, before anything slow has started."""
+    overrides applied to both roles, and -lossless) as a validated CodecConfig.
+    SchemeError names what is wrong, before anything slow has started."""
     if isinstance(scheme, CodecConfig):
-        if bits is None and group_size is None and sparsity is None:
+        if bits is None and group_size is None and sparsity is None and (not lossless or scheme.lossless):
             return scheme
         scheme = scheme.spec
-    return _resolve(scheme or DEFAULT_SCHEME, bits, group_size, sparsity)
+    return _resolve(scheme or DEFAULT_SCHEME, bits, group_size, sparsity, bool(lossless))
 
 
 @lru_cache(maxsize=1)

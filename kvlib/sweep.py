@@ -24,7 +24,7 @@ import torch
 
 from kvlib import bridge, cache, corpus, models
 from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics, ContextFile
-from kvlib.codec import CodecConfig, resolve_codec
+from kvlib.codec import LOSSLESS_SUFFIX, CodecConfig, resolve_codec
 from kvlib.gates import CI_LEVEL, CI_METHOD, PPL_DELTA_THRESHOLD, robust, verdict
 from kvlib.perplexity import PerplexityResult, plan_windows, score_windows
 from kvlib.stats import KLDSummary, bootstrap_delta_ci
@@ -168,8 +168,13 @@ def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, thresh
 
 
 def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
-    """The fewest bits/element among the robust schemes, and a sentence saying so."""
-    ok = [s for s in schemes if s.robust and not s.error and math.isfinite(s.bits_per_element)]
+    """The fewest bits/element among the robust schemes, and a sentence saying so.
+
+    Schemes with the lossless stage are left out of the pick (an entropy-coded
+    cache cannot be attended to in place); where the pick has a lossless twin,
+    the sentence gives its size for storage and transfer."""
+    ok = [s for s in schemes if s.robust and not s.error and math.isfinite(s.bits_per_element)
+          and not s.spec.endswith(LOSSLESS_SUFFIX)]
     if not ok:
         passing = [s.name for s in schemes if s.passed]
         if passing:
@@ -178,10 +183,15 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
         return None, "No scheme keeps the model's quality: none passes the perplexity gate."
     best = min(ok, key=lambda s: (s.bits_per_element, s.context_delta))
     saving = 100 * (1 - best.bits_per_element / 16)
-    return best.name, (f"Use {best.name} ({best.spec}): {best.bits_per_element:.2f} bits/element, "
-                       f"{best.compression_ratio:.2f}x smaller than FP16 ({saving:.0f}% less memory), gated delta "
-                       f"{best.context_delta:+.4f} (CI {best.ci_low:+.4f} to {best.ci_high:+.4f}), "
-                       f"top-1 agreement {best.top1_agreement:.1f}%.")
+    sentence = (f"Use {best.name} ({best.spec}): {best.bits_per_element:.2f} bits/element, "
+                f"{best.compression_ratio:.2f}x smaller than FP16 ({saving:.0f}% less memory), gated delta "
+                f"{best.context_delta:+.4f} (CI {best.ci_low:+.4f} to {best.ci_high:+.4f}), "
+                f"top-1 agreement {best.top1_agreement:.1f}%.")
+    twin = [s for s in schemes if s.spec == best.spec + LOSSLESS_SUFFIX and not s.error]
+    if twin:
+        sentence += (f" To store or send it, {twin[0].name} takes {twin[0].bits_per_element:.2f} bits/element "
+                     f"({twin[0].compression_ratio:.2f}x), bit for bit the same cache.")
+    return best.name, sentence
 
 
 def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, codecs: list[CodecConfig],
@@ -231,11 +241,10 @@ def run_sweep(
     progress: bool | None = None,
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
-    preset) and transformers' QuantizedCache over the same windows."""
-    from kvlib.codec import presets
-
+    preset and int4 with the lossless stage) and transformers' QuantizedCache
+    over the same windows."""
     t_start = time.perf_counter()
-    resolved = [resolve_codec(c) for c in (codecs or list(presets()))]  # bad specs fail first
+    resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
     if len({c.name for c in resolved}) != len(resolved):
         raise ValueError("a scheme is listed twice: " + ", ".join(c.name for c in resolved))
     check_parameters(threshold, stride, max_windows, context_length)
@@ -274,6 +283,13 @@ def run_sweep(
     if verbose:
         print_sweep(result)
     return result
+
+
+def default_schemes() -> list[str]:
+    """What a sweep compares when not told: every preset, and int4 with the lossless stage."""
+    from kvlib.codec import presets
+
+    return [*presets(), "int4" + LOSSLESS_SUFFIX]
 
 
 def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:

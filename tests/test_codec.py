@@ -25,7 +25,7 @@ def test_presets_are_the_issue_table(cli):
 
 @pytest.mark.parametrize("spec", PRESETS + [
     "k=asym4/g64/channel,v=asym4/g64", "asym3/g16/rot/out0.01/res128/sp0.25", "k=kivi2,v=q8_0",
-    "sym8/g32/channel/res7", "k=int4/out1e-05,v=rot4", '{"key": {"method": "q4_0", "bits": 4, "group": 32, "axis": "token"},'
+    "sym8/g32/channel/res7", "k=int4/out1e-05,v=rot4", "int4+lossless", "k=asym4/g64/channel,v=q8_0+lossless", '{"key": {"method": "q4_0", "bits": 4, "group": 32, "axis": "token"},'
     ' "value": {"method": "asym", "bits": 2, "group": 8, "axis": "channel"}}',
 ])
 def test_spec_round_trips_through_the_cli(spec, cli):
@@ -51,6 +51,13 @@ def test_legacy_flags_override_both_roles():
 def test_bad_specs_fail_with_the_clis_line(spec, words):
     with pytest.raises(SchemeError, match=words):
         resolve_codec(spec)
+
+
+def test_lossless_stage_is_part_of_the_value():
+    plain, coded = resolve_codec("kivi4"), resolve_codec("kivi4", lossless=True)
+    assert coded == resolve_codec("kivi4+lossless") and coded != plain and coded.key == plain.key
+    assert coded.spec == plain.spec + "+lossless" and coded.name == "kivi4+lossless"
+    assert CodecConfig(plain.key, plain.value, lossless=True) == coded
 
 
 def test_ggml_rejects_bits_override():

@@ -103,6 +103,11 @@ def test_recommendation_is_the_cheapest_robust_scheme():
     name, sentence = recommend([a, d])
     assert name is None and "cheap-but-unsure" in sentence and "CI crosses" in sentence
     assert recommend([d]) == (None, "No scheme keeps the model's quality: none passes the perplexity gate.")
+    # A lossless twin is cheaper to store but cannot be attended to in place: named for storage, never picked.
+    twin = _scheme("robust+lossless", 3.1, 0.2, 0.1, 0.3)
+    b.spec, twin.spec = "sym4/g64", "sym4/g64+lossless"
+    name, sentence = recommend([twin, a, b, c, d])
+    assert name == "robust" and "To store or send it, robust+lossless takes 3.10 bits/element" in sentence
 
 
 def test_missing_peer_is_reported_and_the_sweep_goes_on(monkeypatch, cli):

@@ -5,7 +5,7 @@
 //
 // Usage:
 //
-//	kv-compress compress   -input kv.safetensors -output kv.kvq.safetensors [-scheme int4] [-bits 4] [-group-size 64] [-sparsity 0]
+//	kv-compress compress   -input kv.safetensors -output kv.kvq.safetensors [-scheme int4] [-bits 4] [-group-size 64] [-sparsity 0] [-lossless]
 //	kv-compress decompress -input kv.kvq.safetensors -output kv.restored.safetensors
 //	kv-compress roundtrip  -input kv.safetensors -output kv.restored.safetensors [-scheme ...]
 //	kv-compress metrics    -input kv.safetensors [-scheme ...]
@@ -131,6 +131,7 @@ type schemeFlags struct {
 	bits      int
 	groupSize int
 	sparsity  float64
+	lossless  bool
 }
 
 func (sf *schemeFlags) register(fs *flag.FlagSet) {
@@ -138,6 +139,7 @@ func (sf *schemeFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&sf.bits, "bits", 4, "code width in bits, 2 to 8 (sym/asym schemes; both roles)")
 	fs.IntVar(&sf.groupSize, "group-size", 64, "elements per quantization group, positive and even (sym/asym schemes; both roles)")
 	fs.Float64Var(&sf.sparsity, "sparsity", 0, "fraction in [0, 1) of smallest-magnitude elements zeroed per tensor before quantizing (both roles)")
+	fs.BoolVar(&sf.lossless, "lossless", false, "add the lossless stage after the quantizer (same as the spec suffix +lossless)")
 }
 
 // spec resolves the flags into a validated Spec; set names the flags given.
@@ -160,6 +162,7 @@ func (sf *schemeFlags) spec(set map[string]bool) (compression.Spec, error) {
 			sc.Sparsity = sf.sparsity
 		}
 	}
+	s.Lossless = s.Lossless || sf.lossless
 	return s, s.Validate()
 }
 

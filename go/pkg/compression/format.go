@@ -45,7 +45,8 @@ type TensorInfo struct {
 	DType    safetensors.DType `json:"dtype"`
 	Shape    []int             `json:"shape"`
 	Scheme   Scheme            `json:"scheme"`
-	Outliers int               `json:"outliers"` // how many elements are stored apart
+	Outliers int               `json:"outliers"`           // how many elements are stored apart
+	Lossless []string          `json:"lossless,omitempty"` // parts coded by the lossless stage (".codes", ...)
 }
 
 // NumElements is the product of the shape.
@@ -82,6 +83,61 @@ func (h *Header) metadata() map[string]string {
 // tensor's record against the tensors the file holds: an impossible value
 // or a wrong length is an error naming the tensor and field.
 func ReadHeader(f *safetensors.File) (*Header, error) {
+	h, _, err := readFile(f, 0)
+	return h, err
+}
+
+// readFile parses the header, decodes the lossless stage, and checks every
+// tensor's stored parts, returned in header order.
+func readFile(f *safetensors.File, workers int) (*Header, []*stored, error) {
+	h, err := parseHeader(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	view := f
+	if h.hasLossless() {
+		if view, err = inflateStored(f, h.Tensors, rawPartSize, max(workers, 1)); err != nil {
+			return nil, nil, err
+		}
+	}
+	parts := make([]*stored, len(h.Tensors))
+	for i, ti := range h.Tensors {
+		if parts[i], err = checkStored(view, ti); err != nil {
+			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+		}
+	}
+	return h, parts, nil
+}
+
+func (h *Header) hasLossless() bool {
+	for _, ti := range h.Tensors {
+		if len(ti.Lossless) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// rawPartSize is the declared size of a stored part before the lossless stage.
+func rawPartSize(ti TensorInfo, suffix string) (int, error) {
+	if err := ti.Scheme.Validate(); err != nil {
+		return 0, fmt.Errorf("scheme: %w", err)
+	}
+	l, err := newLayout(ti.Shape, ti.Scheme)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case suffix == CodesSuffix:
+		return l.codeBytes(), nil
+	case suffix == ScalesSuffix && !ti.Scheme.Method.IsGGML(), suffix == ZerosSuffix && ti.Scheme.Method == Asym:
+		return 2 * l.groups, nil
+	}
+	return 0, fmt.Errorf("lossless part %q does not exist for scheme %s", suffix, ti.Scheme)
+}
+
+// parseHeader reads a compressed file's metadata.
+func parseHeader(f *safetensors.File) (*Header, error) {
 	md := f.Metadata
 	if md[metaFormat] != FormatName {
 		return nil, fmt.Errorf("not a kvq-compressed file (metadata %q is %q, want %q)", metaFormat, md[metaFormat], FormatName)
@@ -111,8 +167,8 @@ func ReadHeader(f *safetensors.File) (*Header, error) {
 			return nil, fmt.Errorf("tensor %q: recorded twice in %s", ti.Name, metaTensors)
 		}
 		seen[ti.Name] = true
-		if _, err := checkStored(f, ti); err != nil {
-			return nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+		if !ti.DType.IsFloat() { // shapes and schemes are checked with the stored parts
+			return nil, fmt.Errorf("tensor %q: source dtype %q is not F32, F16 or BF16", ti.Name, ti.DType)
 		}
 	}
 	return h, nil

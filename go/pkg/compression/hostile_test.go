@@ -93,7 +93,7 @@ func TestReconstructionSaturatesAtDTypeLimits(t *testing.T) {
 		for _, m := range []Method{Sym, Asym} {
 			for bits := MinBits; bits <= MaxBits; bits++ {
 				s := Scheme{Method: m, Bits: bits, Group: 8, Axis: Token}
-				res, err := Compress(&safetensors.File{Tensors: []safetensors.Tensor{tn}}, Config{Spec: Spec{s, s}})
+				res, err := Compress(&safetensors.File{Tensors: []safetensors.Tensor{tn}}, Config{Spec: Spec{Key: s, Value: s}})
 				if err != nil {
 					if dt == safetensors.BF16 { // a BF16 max has no FP16 scale: a clean error is the answer
 						if !strings.Contains(err.Error(), "overflows FP16") {

@@ -108,8 +108,19 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		restored = &safetensors.File{Metadata: src.Metadata}
 	}
 	rep := newReport(cfg)
+	names := make([]string, len(jobs))
+	stored := make([][]safetensors.Tensor, len(jobs))
+	for i, j := range jobs {
+		names[i], stored[i] = j.name, j.stored()
+	}
+	final, coded := stored, make([][]string, len(jobs))
+	if cfg.Spec.Lossless {
+		if final, coded, err = deflateStored(names, stored, workers); err != nil {
+			return nil, err
+		}
+	}
 	var total Accumulator
-	for _, j := range jobs {
+	for i, j := range jobs {
 		heads := j.heads()
 		var acc Accumulator
 		if heads != nil {
@@ -124,13 +135,17 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 			}
 		}
 		total.Merge(&acc)
-		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s, Outliers: len(j.out.index)})
-		enc := j.stored()
+		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s,
+			Outliers: len(j.out.index), Lossless: coded[i]})
+		enc := final[i]
 		out.Tensors = append(out.Tensors, enc...)
 		if restore {
 			restored.Tensors = append(restored.Tensors, safetensors.Tensor{Name: j.name, DType: j.dtype, Shape: j.shape, Data: j.restored})
 		}
 		rep.addTensor(j, &acc, heads, enc, cfg.Thresholds)
+		for _, t := range stored[i] {
+			rep.sizeWithoutLossless += int64(len(t.Data))
+		}
 		rep.SourceSizeBytes += int64(len(j.src))
 	}
 	out.Metadata = hdr.metadata()
@@ -524,22 +539,19 @@ func roundToDType(y []float32, dt safetensors.DType) {
 // Decompress restores every tensor of a compressed file in its source
 // dtype and shape, with the source file's metadata.
 func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header, error) {
-	hdr, err := ReadHeader(src)
-	if err != nil {
-		return nil, nil, err
-	}
 	if workers <= 0 {
 		workers = runtime.GOMAXPROCS(0)
 	}
 	workers = min(workers, MaxWorkers)
+	hdr, parts, err := readFile(src, workers)
+	if err != nil {
+		return nil, nil, err
+	}
 	out := &safetensors.File{Metadata: hdr.Source}
 	jobs := make([]*tensorJob, len(hdr.Tensors))
 	var tasks []task
 	for i, ti := range hdr.Tensors {
-		st, err := checkStored(src, ti)
-		if err != nil {
-			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
-		}
+		st := parts[i]
 		j, err := newJob(ti.Name, ti.DType, ti.Shape, ti.Scheme)
 		if err != nil {
 			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)

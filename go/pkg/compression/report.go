@@ -38,10 +38,14 @@ type Report struct {
 	CompressedSizeBytes int64 `json:"compressed_size_bytes"` // everything stored for the tensors
 	// StoredBytes splits CompressedSizeBytes by part: codes, scales, zeros,
 	// outliers (indices and values) and residual (exact tokens).
-	StoredBytes         map[string]int64 `json:"stored_bytes"`
-	CompressedFileBytes int64            `json:"compressed_file_bytes"` // the whole compressed safetensors file
-	CompressionRatio    float64          `json:"compression_ratio"`
-	BitsPerElement      float64          `json:"bits_per_element"`
+	StoredBytes map[string]int64 `json:"stored_bytes"`
+	// Lossless compares the stored size with and without the lossless
+	// stage (present when the spec has it).
+	Lossless            *LosslessSizes `json:"lossless,omitempty"`
+	sizeWithoutLossless int64
+	CompressedFileBytes int64   `json:"compressed_file_bytes"` // the whole compressed safetensors file
+	CompressionRatio    float64 `json:"compression_ratio"`
+	BitsPerElement      float64 `json:"bits_per_element"`
 
 	Quality
 	Passed     bool        `json:"passed"`
@@ -77,6 +81,15 @@ type TensorReport struct {
 	HeadSNRDB      []Float `json:"head_snr_db"`
 	Sums           Sums    `json:"sums"`
 	HeadSums       []Sums  `json:"head_sums"`
+}
+
+// LosslessSizes is the stored size without the lossless stage, against
+// CompressedSizeBytes, which has it.
+type LosslessSizes struct {
+	WithoutBytes          int64   `json:"compressed_size_bytes_without"`
+	BitsPerElementWithout float64 `json:"bits_per_element_without"`
+	RatioWithout          float64 `json:"compression_ratio_without"`
+	Saved                 float64 `json:"saved"` // fraction of the stored bytes the stage saves
 }
 
 // Quality is the metrics of one set of elements; encoding/json flattens it
@@ -137,6 +150,8 @@ func partName(tensor, name string) string {
 		return "zeros"
 	case ResidualSuffix:
 		return "residual"
+	case CodesSuffix + ChunksSuffix, ScalesSuffix + ChunksSuffix, ZerosSuffix + ChunksSuffix:
+		return "chunk_offsets"
 	}
 	return "outliers"
 }
@@ -177,6 +192,12 @@ func (r *Report) finish(total *Accumulator, th Thresholds) {
 	}
 	if total.N > 0 {
 		r.BitsPerElement = 8 * float64(r.CompressedSizeBytes) / float64(total.N)
+	}
+	if r.KeyScheme != nil && r.sizeWithoutLossless > 0 && r.Scheme != "" && strings.HasSuffix(r.Scheme, LosslessSuffix) {
+		w := r.sizeWithoutLossless
+		r.Lossless = &LosslessSizes{WithoutBytes: w, RatioWithout: float64(r.OriginalSizeBytes) / float64(w),
+			BitsPerElementWithout: 8 * float64(w) / float64(max(total.N, 1)),
+			Saved:                 1 - float64(r.CompressedSizeBytes)/float64(w)}
 	}
 	sums := sumsOf(total)
 	r.Sums = &sums
@@ -228,6 +249,7 @@ type SchemeInfo struct {
 	Scheme      string  `json:"scheme"`
 	KeyScheme   Scheme  `json:"key_scheme"`
 	ValueScheme Scheme  `json:"value_scheme"`
+	Lossless    bool    `json:"lossless"`
 	KeyBits     float64 `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
 	ValueBits   float64 `json:"value_bits_per_element"` // (measured sizes come from compress)
 }
@@ -247,7 +269,7 @@ func (s Scheme) NominalBits() float64 {
 
 // SchemeReport is what check prints for a spec.
 func SchemeReport(cmd string, s Spec) SchemeInfo {
-	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value,
+	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value, Lossless: s.Lossless,
 		KeyBits: s.Key.NominalBits(), ValueBits: s.Value.NominalBits()}
 }
 

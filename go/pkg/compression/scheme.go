@@ -132,7 +132,13 @@ func (s Scheme) String() string {
 type Spec struct {
 	Key   Scheme `json:"key"`
 	Value Scheme `json:"value"`
+	// Lossless adds the entropy stage after the quantizer (lossless.go):
+	// smaller files, the same reconstruction.
+	Lossless bool `json:"lossless,omitempty"`
 }
+
+// LosslessSuffix switches the lossless stage on in a spec string.
+const LosslessSuffix = "+lossless"
 
 // For returns the scheme of the tensor called name.
 func (s Spec) For(name string) Scheme {
@@ -158,16 +164,25 @@ func (s Spec) Validate() error {
 // String is the canonical spec: one scheme when both roles share it,
 // else "k=SCHEME,v=SCHEME". ParseSpec(s.String()) == s.
 func (s Spec) String() string {
+	out := "k=" + s.Key.String() + ",v=" + s.Value.String()
 	if s.Key == s.Value {
-		return s.Key.String()
+		out = s.Key.String()
 	}
-	return "k=" + s.Key.String() + ",v=" + s.Value.String()
+	if s.Lossless {
+		out += LosslessSuffix
+	}
+	return out
 }
 
 // Name is the preset name of s, or its canonical spec when no preset matches.
 func (s Spec) Name() string {
+	plain := s
+	plain.Lossless = false
 	for _, name := range PresetNames() {
-		if presets[name] == s {
+		if presets[name] == plain {
+			if s.Lossless {
+				return name + LosslessSuffix
+			}
 			return name
 		}
 	}
@@ -223,7 +238,7 @@ func DefaultSpec() Spec { return presets[DefaultPreset] }
 
 // ParseSpec reads a preset name, a spec in the grammar
 //
-//	spec   = scheme | "k=" scheme "," "v=" scheme
+//	spec   = ( scheme | "k=" scheme "," "v=" scheme ) [ "+lossless" ]
 //	scheme = preset | base { "/" option }
 //	base   = ("sym" | "asym") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
 //	option = "g" N | "token" | "channel" | "rot" | "out" P | "res" N | "sp" P
@@ -233,6 +248,9 @@ func DefaultSpec() Spec { return presets[DefaultPreset] }
 // The result is validated.
 func ParseSpec(text string) (Spec, error) {
 	text = strings.TrimSpace(text)
+	orig := text
+	lossless := strings.HasSuffix(text, LosslessSuffix)
+	text = strings.TrimSuffix(text, LosslessSuffix)
 	var s Spec
 	var err error
 	switch {
@@ -251,11 +269,12 @@ func ParseSpec(text string) (Spec, error) {
 		}
 	}
 	if err != nil {
-		return Spec{}, fmt.Errorf("scheme %q: %w", text, err)
+		return Spec{}, fmt.Errorf("scheme %q: %w", orig, err)
 	}
 	if err := s.Validate(); err != nil {
-		return Spec{}, fmt.Errorf("scheme %q: %w", text, err)
+		return Spec{}, fmt.Errorf("scheme %q: %w", orig, err)
 	}
+	s.Lossless = s.Lossless || lossless
 	return s, nil
 }
 
