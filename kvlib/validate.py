@@ -87,6 +87,73 @@ def _say(verbose: bool, *args: Any) -> None:
         print(*args, flush=True)
 
 
+def check_sample_roundtrip(lm: Any, tok: Any, ids: torch.Tensor, codec: CodecConfig, workdir: Path, name: str,
+                           device: str, verbose: bool) -> None:
+    """Steps 2-4: a 256-token cache of the corpus, checked against the model's
+    geometry, compressed to a file, decompressed and loaded back, checked again."""
+    geometry = cache.expected_geometry(lm.config)
+    _say(verbose, "[2/6] Generating KV cache...")
+    kv, meta = cache.extract_kv_cache(lm, tok, tok.decode(ids[0, :256]), max_length=256, device=device)
+    ok, problems = cache.validate_kv_cache_shape(kv, **geometry)
+    if not ok:
+        raise RuntimeError("KV cache does not match the model config: " + "; ".join(problems))
+    stats = cache.compute_kv_cache_stats(kv)
+    _say(verbose, f"    Generated: {meta.num_layers} layers, {meta.seq_len} tokens, {stats['total_mb']:.2f} MB "
+                  f"({meta.dtype}); shape matches the config")
+    _say(verbose, "[3/6] Compressing KV cache with kv-compress...")
+    sample, packed, back = workdir / "sample.safetensors", workdir / "sample.kvq.safetensors", workdir / "sample.restored.safetensors"
+    cache.save_kv_cache(kv, sample, model_name=name)
+    m = bridge.compress_kv_cache(sample, packed, codec=codec)
+    _say(verbose, f"    Sample ({meta.seq_len} tokens): ratio {m.compression_ratio:.2f}x, "
+                  f"RMSE {m.rmse:.6f}, SNR {m.snr_db:.2f} dB")
+    _say(verbose, "[4/6] Loading reconstructed KV cache...")
+    bridge.decompress_kv_cache(packed, back)
+    restored, _ = cache.load_kv_cache(back, device=device)
+    ok, problems = cache.validate_kv_cache_shape(restored, **geometry)
+    if not ok:
+        raise RuntimeError("reconstructed cache has the wrong shape: " + "; ".join(problems))
+    _say(verbose, "    Reconstructed cache loaded; shape matches")
+
+
+def _validation_result(ppl: Any, scheme: Any, codec: CodecConfig, threshold: float, model: str, corpus_name: str,
+                       device: str, dtype: str, stride: int, context_length: int, config: Any) -> ValidationResult:
+    """The ValidationResult of one scheme's windows (timing is filled in by the caller)."""
+    comp = ppl.compression
+    passed = scheme.passed
+    verdict = (f"{'PASSED' if passed else 'FAILED'}: delta {ppl.context_delta:+.4f} "
+               f"{'<' if passed else '>='} {threshold} threshold ({CI_LEVEL:.0%} CI {scheme.ci_low:+.4f} to "
+               f"{scheme.ci_high:+.4f}{'' if scheme.robust or not passed else ': crosses the threshold'})")
+    geometry = cache.expected_geometry(config)
+    return ValidationResult(
+        baseline_perplexity=ppl.baseline_perplexity, compressed_perplexity=ppl.compressed_perplexity,
+        delta=ppl.delta, delta_percent=ppl.delta_percent,
+        compression_ratio=comp.compression_ratio if comp else math.nan,
+        rmse=comp.rmse if comp else math.nan, snr_db=comp.snr_db if comp else math.nan,
+        cosine_similarity=comp.cosine_similarity if comp else math.nan,
+        passed=passed, threshold=threshold, model=model, corpus=corpus_name, device=device,
+        scheme=codec.spec, scheme_name=codec.name, stride=stride, context_length=context_length,
+        windows=ppl.num_windows, scored_tokens=ppl.scored_tokens,
+        context_windows=sum(1 for w in ppl.windows if w.compressed), context_scored_tokens=ppl.context_scored_tokens,
+        context_baseline_perplexity=ppl.context_baseline_perplexity,
+        context_compressed_perplexity=ppl.context_compressed_perplexity, context_delta=ppl.context_delta,
+        ci_low=scheme.ci_low, ci_high=scheme.ci_high, robust=scheme.robust, kld_mean=scheme.kld_mean,
+        kld_median=scheme.kld_median, kld_p99=scheme.kld_p99, top1_agreement=scheme.top1_agreement, dtype=dtype,
+        max_error=comp.max_error if comp else math.nan, quality_level=comp.quality_level if comp else "",
+        quality_passed=comp.passed if comp else False, violations=list(comp.violations) if comp else [],
+        keys=scheme.keys, values=scheme.values,
+        kv_geometry={"num_layers": geometry["expected_layers"], "num_kv_heads": geometry["expected_kv_heads"],
+                     "head_dim": geometry["expected_head_dim"], "num_query_heads": int(config.num_attention_heads)},
+        window_nlls=[
+            {"index": w.index, "begin": w.begin, "end": w.end, "targets": w.num_targets,
+             "context_tokens": w.context_tokens, "compressed": w.compressed,
+             "baseline_nll": w.baseline_nll, "compressed_nll": w.compressed_nll,
+             "baseline_ppl": w.baseline_ppl, "compressed_ppl": w.compressed_ppl}
+            for w in ppl.windows
+        ],
+        compression=comp.to_dict() if comp else {}, verdict=verdict,
+    )
+
+
 def run_full_validation(
     device: str | None = None,
     threshold: float = KVQUANT_THRESHOLD,
@@ -125,37 +192,13 @@ def run_full_validation(
                   f"head_dim {geometry['expected_head_dim']}")
     t_model = time.perf_counter() - t
 
-    _say(verbose, "[2/6] Generating KV cache...")
     ids = corpus.tokenize(tok, text)
-    sample_text = tok.decode(ids[0, :256])
-    kv, meta = cache.extract_kv_cache(lm, tok, sample_text, max_length=256, device=device)
-    ok, problems = cache.validate_kv_cache_shape(kv, **geometry)
-    if not ok:
-        raise RuntimeError("KV cache does not match the model config: " + "; ".join(problems))
-    stats = cache.compute_kv_cache_stats(kv)
-    _say(verbose, f"    Generated: {meta.num_layers} layers, {meta.seq_len} tokens, {stats['total_mb']:.2f} MB "
-                  f"({meta.dtype}); shape matches the config")
-
     own_tmp = None
     if workdir is None:
         own_tmp = tempfile.TemporaryDirectory(prefix="kvlib-")
         workdir = own_tmp.name
     try:
-        _say(verbose, "[3/6] Compressing KV cache with kv-compress...")
-        sample = Path(workdir) / "sample.safetensors"
-        cache.save_kv_cache(kv, sample, model_name=name)
-        sample_metrics = bridge.compress_kv_cache(sample, Path(workdir) / "sample.kvq.safetensors", codec=codec)
-        _say(verbose, f"    Sample ({meta.seq_len} tokens): ratio {sample_metrics.compression_ratio:.2f}x, "
-                      f"RMSE {sample_metrics.rmse:.6f}, SNR {sample_metrics.snr_db:.2f} dB")
-
-        _say(verbose, "[4/6] Loading reconstructed KV cache...")
-        bridge.decompress_kv_cache(Path(workdir) / "sample.kvq.safetensors", Path(workdir) / "sample.restored.safetensors")
-        restored, _ = cache.load_kv_cache(Path(workdir) / "sample.restored.safetensors", device=device)
-        ok, problems = cache.validate_kv_cache_shape(restored, **geometry)
-        if not ok:
-            raise RuntimeError("reconstructed cache has the wrong shape: " + "; ".join(problems))
-        _say(verbose, "    Reconstructed cache loaded; shape matches")
-
+        check_sample_roundtrip(lm, tok, ids, codec, Path(workdir), name, device, verbose)
         L = context_length or models.context_length(lm)
         check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
@@ -168,68 +211,11 @@ def run_full_validation(
         if own_tmp is not None:
             own_tmp.cleanup()
 
-    comp = ppl.compression
-    ctx_windows = sum(1 for w in ppl.windows if w.compressed)
-    passed = scheme.passed
-    verdict = (f"{'PASSED' if passed else 'FAILED'}: delta {ppl.context_delta:+.4f} "
-               f"{'<' if passed else '>='} {threshold} threshold ({CI_LEVEL:.0%} CI {scheme.ci_low:+.4f} to "
-               f"{scheme.ci_high:+.4f}{'' if scheme.robust or not passed else ': crosses the threshold'})")
-    total = time.perf_counter() - t_start
-    result = ValidationResult(
-        baseline_perplexity=ppl.baseline_perplexity,
-        compressed_perplexity=ppl.compressed_perplexity,
-        delta=ppl.delta,
-        delta_percent=ppl.delta_percent,
-        compression_ratio=comp.compression_ratio if comp else math.nan,
-        rmse=comp.rmse if comp else math.nan,
-        snr_db=comp.snr_db if comp else math.nan,
-        cosine_similarity=comp.cosine_similarity if comp else math.nan,
-        passed=passed,
-        threshold=threshold,
-        model=name,
-        corpus=text.name,
-        device=device,
-        scheme=codec.spec,
-        scheme_name=codec.name,
-        stride=stride,
-        context_length=L,
-        windows=ppl.num_windows,
-        scored_tokens=ppl.scored_tokens,
-        context_windows=ctx_windows,
-        context_scored_tokens=ppl.context_scored_tokens,
-        context_baseline_perplexity=ppl.context_baseline_perplexity,
-        context_compressed_perplexity=ppl.context_compressed_perplexity,
-        context_delta=ppl.context_delta,
-        ci_low=scheme.ci_low,
-        ci_high=scheme.ci_high,
-        robust=scheme.robust,
-        kld_mean=scheme.kld_mean,
-        kld_median=scheme.kld_median,
-        kld_p99=scheme.kld_p99,
-        top1_agreement=scheme.top1_agreement,
-        dtype=dtype_name(torch_dtype),
-        max_error=comp.max_error if comp else math.nan,
-        quality_level=comp.quality_level if comp else "",
-        quality_passed=comp.passed if comp else False,
-        violations=list(comp.violations) if comp else [],
-        keys=bridge.pool_tensors(comp.tensors, "_key") if comp else {},
-        values=bridge.pool_tensors(comp.tensors, "_value") if comp else {},
-        kv_geometry={"num_layers": geometry["expected_layers"], "num_kv_heads": geometry["expected_kv_heads"],
-                     "head_dim": geometry["expected_head_dim"],
-                     "num_query_heads": int(lm.config.num_attention_heads)},
-        window_nlls=[
-            {"index": w.index, "begin": w.begin, "end": w.end, "targets": w.num_targets,
-             "context_tokens": w.context_tokens, "compressed": w.compressed,
-             "baseline_nll": w.baseline_nll, "compressed_nll": w.compressed_nll,
-             "baseline_ppl": w.baseline_ppl, "compressed_ppl": w.compressed_ppl}
-            for w in ppl.windows
-        ],
-        timing={"total_s": total, "model_load_s": t_model, "perplexity_s": ppl.seconds,
-                "bridge_s": ppl.transform_seconds, **bridge_timing,
-                "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan},
-        compression=comp.to_dict() if comp else {},
-        verdict=verdict,
-    )
+    result = _validation_result(ppl, scheme, codec, threshold, name, text.name, device, dtype_name(torch_dtype),
+                                stride, L, lm.config)
+    result.timing = {"total_s": time.perf_counter() - t_start, "model_load_s": t_model, "perplexity_s": ppl.seconds,
+                     "bridge_s": ppl.transform_seconds, **bridge_timing,
+                     "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan}
     if verbose:
         print_result(result)
     return result
