@@ -8,7 +8,6 @@ passes with confidence. Exit 2 on any error.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -45,17 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_output_path(path: str) -> None:
-    """The --json path must be writable: a file whose parent is (or can be) a directory."""
+    """The --json path must be writable, tried now: its directory is created and a
+    file written and removed there, so a run never ends unable to save its result."""
     p = Path(path)
     if p.is_dir():
         raise IsADirectoryError(f"--json {path}: is a directory")
     for parent in [p.parent, *p.parent.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(f"--json {path}: {parent} is not a directory")
-            if not os.access(parent, os.W_OK):
-                raise PermissionError(f"--json {path}: {parent} is not writable")
-            return
+        if parent.exists() and not parent.is_dir():
+            raise NotADirectoryError(f"--json {path}: {parent} is not a directory")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        probe = p.with_name(f".{p.name}.probe")
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise OSError(f"--json {path}: cannot write there ({e.strerror or e})") from None
 
 
 def main(argv: list[str] | None = None) -> int:

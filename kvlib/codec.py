@@ -103,7 +103,7 @@ def _check(args: tuple[str, ...]) -> Any:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
     if proc.returncode != 0:
         line = proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else f"exit status {proc.returncode}"
-        raise SchemeError(line.removeprefix("kv-compress check: "))
+        raise SchemeError(line.removeprefix("kv-compress check: ").removesuffix(" (kv-compress -h for usage)"))
     return json.loads(proc.stdout)
 
 

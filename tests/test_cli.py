@@ -68,6 +68,7 @@ def test_bad_parameters_fail_before_the_model_loads(argv, words, capsys, monkeyp
 @pytest.mark.parametrize("make_path, words", [
     (lambda d: d / "afile" / "out.json", "is not a directory"),
     (lambda d: d, "is a directory"),
+    (lambda d: "/proc/kvlib-out.json", "cannot write there"),
 ])
 def test_json_path_is_checked_first(make_path, words, tmp_path, capsys, monkeypatch, cli):
     (tmp_path / "afile").write_text("x")
