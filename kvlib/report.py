@@ -86,6 +86,11 @@ def banner(result: ValidationResult | dict[str, Any]):
                   f"{'&lt;' if ok else '&ge;'} threshold {r['threshold']:g} "
                   f"({fmt(r['context_baseline_perplexity'], '.3f')} &rarr; {fmt(r['context_compressed_perplexity'], '.3f')}, "
                   f"windows with a compressed context)")
+        if not math.isnan(_num(r.get("ci_low"))):
+            robust = "below" if r.get("robust") else "crosses"
+            detail += (f"<br>{CI_LEVEL:.0%} CI {fmt(r['ci_low'], '+.4f')} to {fmt(r['ci_high'], '+.4f')}: its upper "
+                       f"bound {robust} the threshold; KL divergence {fmt(r.get('kld_mean'), '.4f')} nats, top-1 "
+                       f"agreement {fmt(r.get('top1_agreement'), '.1f')} %")
     else:
         detail = html.escape(r.get("verdict", ""))
     parts = [r["model"], f"{r['scheme_name']} ({r['scheme']})" if r['scheme_name'] != r['scheme'] else r['scheme'], r["corpus"]]
