@@ -300,9 +300,9 @@ func dispatch(cmd string, args []string, stderr io.Writer) (any, error) {
 		rep = compression.DecompressReport(src, restored, hdr)
 		toWrite = restored
 	} else {
-		compress := compression.Compress
-		if cmd == "metrics" {
-			compress = compression.Measure
+		compress := compression.Measure // the reconstruction's bytes are only written by roundtrip
+		if cmd == "roundtrip" {
+			compress = compression.Compress
 		}
 		res, err := compress(src, c.cfg)
 		if err != nil {

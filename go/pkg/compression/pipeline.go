@@ -71,7 +71,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		if !t.DType.IsFloat() {
 			return nil, fmt.Errorf("tensor %q: dtype %s is not F32, F16 or BF16", t.Name, t.DType)
 		}
-		j, err := newEncodeJob(t, cfg.Spec.For(t.Name))
+		j, err := newEncodeJob(t, cfg.Spec.For(t.Name), restore)
 		if err != nil {
 			return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
@@ -204,18 +204,20 @@ type tensorJob struct {
 // MaxReportedHeads bounds the per-head statistics of one tensor.
 const MaxReportedHeads = 4096
 
-func newJob(name string, dt safetensors.DType, shape []int, s Scheme) (*tensorJob, error) {
+func newJob(name string, dt safetensors.DType, shape []int, s Scheme, restore bool) (*tensorJob, error) {
 	l, err := newLayout(shape, s)
 	if err != nil {
 		return nil, err
 	}
 	j := &tensorJob{name: name, dtype: dt, shape: shape, l: l}
-	j.restored = make([]byte, l.n*dt.Size())
+	if restore { // Measure needs the reconstruction's values, not its bytes
+		j.restored = make([]byte, l.n*dt.Size())
+	}
 	return j, nil
 }
 
-func newEncodeJob(t *safetensors.Tensor, s Scheme) (*tensorJob, error) {
-	j, err := newJob(t.Name, t.DType, t.Shape, s)
+func newEncodeJob(t *safetensors.Tensor, s Scheme, restore bool) (*tensorJob, error) {
+	j, err := newJob(t.Name, t.DType, t.Shape, s, restore)
 	if err != nil {
 		return nil, err
 	}
@@ -405,7 +407,9 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	}
 	j.out.restore(y, nlo, nhi)
 	roundToDType(y, j.dtype)
-	safetensors.EncodeFloat32s(j.restored[nlo*esz:nhi*esz], y, j.dtype)
+	if j.restored != nil {
+		safetensors.EncodeFloat32s(j.restored[nlo*esz:nhi*esz], y, j.dtype)
+	}
 	return y, nil
 }
 
@@ -552,7 +556,7 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 	var tasks []task
 	for i, ti := range hdr.Tensors {
 		st := parts[i]
-		j, err := newJob(ti.Name, ti.DType, ti.Shape, ti.Scheme)
+		j, err := newJob(ti.Name, ti.DType, ti.Shape, ti.Scheme, true)
 		if err != nil {
 			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
 		}
