@@ -83,6 +83,17 @@ def preset_table(cli: str, src: Path, runs: int, memcopy: float) -> None:
     print("  (MB/s of F32 input, 2 goroutines; the figure after compress+restore is the share of memcopy speed)\n")
 
 
+def coder_choice(cache_file: Path, runs: int) -> None:
+    """Why the lossless stage is Huffman-only: both stdlib coders on int4 codes, same run."""
+    env = dict(os.environ, KVQ_BENCH_FILE=str(cache_file), GOTOOLCHAIN="local", GOPROXY="off",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["go", "test", "-run", "^$", "-bench", "LosslessCoder", "-benchtime", f"{runs}x",
+                          "./pkg/compression"], cwd=REPO / "go", env=env, capture_output=True, text=True, check=True).stdout
+    for m in re.finditer(r"BenchmarkLosslessCoder/([\w-]+)-\d+\s+\d+\s+[\d.]+ ns/op\s+([\d.]+) MB/s\s+([\d.]+) ratio", out):
+        print(f"  int4 codes, {m.group(1):13s} {float(m.group(3)):.3f} of raw at {float(m.group(2)):6.0f} MB/s (one goroutine)")
+    print()
+
+
 def lossless_table(cli: str, src: Path, tmp: Path, runs: int, memcopy: float) -> None:
     """Each preset with and without the lossless stage, against the order-0 entropy of its codes."""
     print("  preset   bits/el (vs FP16)     +lossless (vs FP16)  saved  codes: entropy  stored -> coded  "
@@ -159,6 +170,7 @@ def main() -> None:
         print("== Every preset on the same cache")
         preset_table(cli, src, args.go_runs, g["Memcopy"])
         print("== The lossless stage on the same cache")
+        coder_choice(src, max(3, args.go_runs // 4))
         lossless_table(cli, src, tmp, args.go_runs, g["Memcopy"])
 
         # 2. Validation pair: through the bridge, then in-process.

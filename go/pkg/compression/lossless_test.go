@@ -159,3 +159,39 @@ func TestLosslessRejectsBadPayloads(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkLosslessCoder compares the two stdlib coders the stage could use
+// on int4 codes in 64 KiB chunks (make bench prints it): the ratio metric is
+// coded bytes over raw bytes, MB/s is of raw codes on one goroutine.
+func BenchmarkLosslessCoder(b *testing.B) {
+	res, err := Measure(benchCache, DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var codes []byte
+	for _, t := range res.Compressed.Tensors {
+		if strings.HasSuffix(t.Name, CodesSuffix) {
+			codes = append(codes, t.Data...)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		level int
+	}{{"huffman-only", flate.HuffmanOnly}, {"best-speed", flate.BestSpeed}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(codes)))
+			var out int
+			for i := 0; i < b.N; i++ {
+				out = 0
+				for lo := 0; lo < len(codes); lo += LosslessChunk {
+					var buf bytes.Buffer
+					w, _ := flate.NewWriter(&buf, c.level)
+					w.Write(codes[lo:min(lo+LosslessChunk, len(codes))])
+					w.Close()
+					out += buf.Len()
+				}
+			}
+			b.ReportMetric(float64(out)/float64(len(codes)), "ratio")
+		})
+	}
+}
