@@ -389,20 +389,37 @@ def print_metrics_report(metrics: CompressionMetrics, title: str = "Compression 
 
 
 class ContextFile:
-    """Where a window's context cache is saved: once, however many codecs read it."""
+    """Where context caches are saved: each once, however many codecs read it.
 
-    def __init__(self, path: str | os.PathLike, model_name: str = "unknown") -> None:
-        self.path, self.model_name = Path(path), model_name
+    Keeps the last ``slots`` caches on disk (one per window when scoring
+    perplexity; one per haystack or prompt of a decoding batch), each in its
+    own file beside ``path``."""
+
+    def __init__(self, path: str | os.PathLike, model_name: str = "unknown", slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"slots {slots} must be at least 1")
+        self.path, self.model_name, self.slots = Path(path), model_name, slots
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._saved: Any = None
+        self._saved: list[tuple[Any, Path]] = []  # (cache, its file), oldest first
+        self.writes = 0
 
-    def save(self, cache: Any) -> bool:
-        """Write ``cache`` unless it is the cache written last; True when it wrote."""
-        if cache is self._saved:
-            return False
-        save_kv_cache(cache, self.path, model_name=self.model_name)
-        self._saved = cache
-        return True
+    def _slot_path(self, i: int) -> Path:
+        return self.path if i == 0 else self.path.with_name(f"{self.path.stem}.{i}{self.path.suffix}")
+
+    def path_for(self, cache: Any) -> Path:
+        """The file holding ``cache``, written now unless it is one of the last ``slots`` written."""
+        for saved, path in self._saved:
+            if saved is cache:
+                return path
+        if len(self._saved) == self.slots:
+            _, path = self._saved.pop(0)
+        else:
+            used = {p for _, p in self._saved}
+            path = next(self._slot_path(i) for i in range(self.slots) if self._slot_path(i) not in used)
+        save_kv_cache(cache, path, model_name=self.model_name)
+        self._saved.append((cache, path))
+        self.writes += 1
+        return path
 
 
 class CLICacheRoundtrip:
@@ -425,11 +442,10 @@ class CLICacheRoundtrip:
         find_cli_binary()  # a missing CLI is an error now, not after the first window
 
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
-        src = self.context.path
         dst = self.workdir / "context.restored.safetensors"
         k0 = cache_layers(cache)[0][0]
         t0 = time.perf_counter()
-        self.context.save(cache)
+        src = self.context.path_for(cache)
         t1 = time.perf_counter()
         metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
         t2 = time.perf_counter()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from kvlib.bridge import CompressionMetrics, pooled_quality
-from kvlib.cache import cache_layers
+from kvlib.cache import cache_layers, make_cache
 
 PEER_BITS = (4, 2)
 PEER_GROUP = 64
@@ -55,7 +55,12 @@ def _nbytes(q: Any) -> int:
 
 
 class QuantoPeer:
-    """A cache transform: ``(cache) -> (QuantizedCache, CompressionMetrics)``."""
+    """A cache transform: ``(cache) -> (DynamicCache, CompressionMetrics)``.
+
+    The returned cache holds QuantizedCache's dequantized context, which is
+    exactly what its attention reads for the next tokens; tokens added after
+    it stay exact, as with kvlib's codecs (a QuantizedCache with residual 0
+    would re-quantize every generated token, a different experiment)."""
 
     def __init__(self, config: Any, nbits: int, q_group_size: int = PEER_GROUP) -> None:
         self.config, self.nbits, self.q_group_size = config, nbits, q_group_size
@@ -66,17 +71,20 @@ class QuantoPeer:
 
         qc = QuantizedCache(backend="quanto", config=self.config, nbits=self.nbits, residual_length=0,
                             q_group_size=self.q_group_size)
-        tensors, stored, n = [], 0, 0
+        tensors, stored, n, restored = [], 0, 0, []
         for i, (k, v) in enumerate(cache_layers(cache)):
             qc.update(k, v, i)
             layer = qc.layers[i]
+            pair = []
             for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
                 y = layer._dequantize(q).to(x.dtype)
+                pair.append(y)
                 s = _sums(x.float(), y.float())
                 tensors.append({"name": f"layer_{i}_{role}", "sums": s, "head_sums": [], "error_histogram": [],
                                 **pooled_quality(s)})
                 stored += _nbytes(q)
                 n += x.numel()
+            restored.append((pair[0], pair[1]))
         total = {key: sum(t["sums"][key] for t in tensors) for key in ("n", "sum_x2", "sum_y2", "sum_xy", "sum_e2")}
         total["max_error"] = max((t["sums"]["max_error"] for t in tensors), default=0.0)
         metrics = CompressionMetrics.from_dict({
@@ -86,4 +94,4 @@ class QuantoPeer:
             "num_elements": n, "num_tensors": len(tensors), "passed": True, "violations": [],
             "sums": total, "tensors": tensors, **pooled_quality(total),
         })
-        return qc, metrics
+        return make_cache(restored), metrics
