@@ -12,9 +12,19 @@ import sys
 from pathlib import Path
 
 from kvlib import corpus, models
+from kvlib.agreement import AgreementConfig
 from kvlib.codec import resolve_codec
+from kvlib.decoding import DecodingChecks
+from kvlib.retrieval import RetrievalConfig
 from kvlib.sweep import check_parameters, default_schemes, run_sweep
 from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
+
+
+_R, _A = RetrievalConfig(), AgreementConfig()  # the defaults the help text states
+
+
+def _csv(xs: tuple) -> str:
+    return ",".join(f"{x:g}" for x in xs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +50,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-windows", type=int, default=None, help="limit the number of windows (quick checks)")
     p.add_argument("--context-length", type=int, default=None, help="window length (default min(2048, model context))")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT")
+    r = p.add_argument_group("beyond perplexity", "checks against the exact cache, shown beside the verdict")
+    r.add_argument("--retrieval", action="store_true", help="pass-key retrieval over a length x depth grid")
+    r.add_argument("--retrieval-lengths", metavar="N,N", help=f"context lengths (default {_csv(_R.lengths)}; implies --retrieval)")
+    r.add_argument("--retrieval-depths", metavar="F,F", help=f"key depths in [0, 1] (default {_csv(_R.depths)})")
+    r.add_argument("--retrieval-keys", type=int, metavar="N", help=f"keys per cell (default {_R.keys})")
+    r.add_argument("--generation", action="store_true", help="greedy generation agreement on prompts from the corpus")
+    r.add_argument("--generation-prompts", type=int, metavar="N", help=f"prompts (default {_A.prompts}; implies --generation)")
+    r.add_argument("--generation-context", type=int, metavar="N", help=f"context tokens per prompt (default {_A.context_tokens})")
+    r.add_argument("--generation-tokens", type=int, metavar="N", help=f"tokens generated per prompt (default {_A.new_tokens})")
     return p
+
+
+def decoding_checks(args: argparse.Namespace) -> DecodingChecks:
+    """The retrieval and agreement configurations the flags ask for (ValueError names a bad one)."""
+    retrieval = agreement = None
+    if args.retrieval or args.retrieval_lengths or args.retrieval_depths or args.retrieval_keys is not None:
+        retrieval = RetrievalConfig.parse(args.retrieval_lengths, args.retrieval_depths, args.retrieval_keys)
+    given = {k: v for k, v in (("prompts", args.generation_prompts), ("context_tokens", args.generation_context),
+                               ("new_tokens", args.generation_tokens)) if v is not None}
+    if args.generation or given:
+        agreement = AgreementConfig(**given)
+    return DecodingChecks(retrieval, agreement)
 
 
 def check_output_path(path: str) -> None:
@@ -70,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity,
                                 lossless=args.lossless) for x in specs or [None]]
         codec = codecs[0]
+        checks = decoding_checks(args)
         if args.json:
             check_output_path(args.json)
         if not args.quick_test:
@@ -78,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep = run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
                               dtype=args.dtype, threshold=args.threshold, stride=args.stride,
                               max_windows=args.max_windows, context_length=args.context_length,
-                              peers=not args.no_peers, verbose=not args.quiet)
+                              peers=not args.no_peers, verbose=not args.quiet, checks=checks)
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:
@@ -90,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_full_validation(
                 device="cpu" if args.cpu else None, threshold=args.threshold, verbose=not args.quiet,
                 model=args.model, corpus_name=args.corpus, codec=codec, stride=args.stride, max_windows=args.max_windows,
-                dtype=args.dtype,
-                context_length=args.context_length,
+                dtype=args.dtype, context_length=args.context_length, checks=checks,
             )
         if args.json:
             result.to_json(args.json)

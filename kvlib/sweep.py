@@ -23,11 +23,13 @@ import numpy as np
 import torch
 
 from kvlib import bridge, cache, corpus, models
-from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics, ContextFile
+from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics
 from kvlib.codec import LOSSLESS_SUFFIX, CodecConfig, resolve_codec
+from kvlib.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.gates import CI_LEVEL, CI_METHOD, PPL_DELTA_THRESHOLD, robust, verdict
 from kvlib.perplexity import PerplexityResult, plan_windows, score_windows
 from kvlib.stats import KLDSummary, bootstrap_delta_ci
+from kvlib.transforms import cache_transforms
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,6 +63,11 @@ class SchemeResult:
     seconds: float = 0.0  # codec round trips of this scheme
     compression: dict[str, Any] = field(default_factory=dict)  # pooled codec metrics, per tensor included
     error: str = ""  # why a peer could not run
+    retrieval_found: float = math.nan  # pass keys found (kvlib.retrieval), NaN when not run
+    retrieval_total: float = math.nan
+    retrieval_dropped: float = math.nan  # haystacks the exact cache answers and this scheme does not
+    generation_agreement: float = math.nan  # % of greedy tokens equal to the exact cache's (kvlib.agreement)
+    generation_divergence: float = math.nan  # mean position of the first differing token
 
     @property
     def verdict_text(self) -> str:
@@ -92,6 +99,8 @@ class SweepResult:
     ci_method: str = CI_METHOD
     kv_geometry: dict[str, int] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
+    retrieval: dict[str, Any] = field(default_factory=dict)  # RetrievalResult.to_dict(), empty when not run
+    agreement: dict[str, Any] = field(default_factory=dict)  # AgreementResult.to_dict(), empty when not run
 
     def scheme(self, name: str) -> SchemeResult:
         for s in self.schemes:
@@ -201,16 +210,9 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     """Score every codec (and the peers) over the same windows; the shared core
     of run_sweep and run_full_validation. Returns the scheme results, the first
     codec's PerplexityResult (windows and baseline), and bridge timings."""
-    from kvlib.peer import PEER_BITS, QuantoPeer, peer_name, peer_unavailable
+    from kvlib.peer import PEER_BITS, peer_name
 
-    context = ContextFile(Path(workdir) / "context.safetensors", model_name)
-    transforms: dict[str, Any] = {}
-    for i, c in enumerate(codecs):
-        transforms[c.name] = CLICacheRoundtrip(Path(workdir) / f"scheme{i}", c, model_name, context=context)
-    missing = peer_unavailable() if peers else None
-    if peers and missing is None:
-        for nbits in PEER_BITS:
-            transforms[peer_name(nbits)] = QuantoPeer(lm.config, nbits)
+    transforms, missing = cache_transforms(codecs, workdir, model_name, lm.config, peers)
     res = score_windows(lm, ids, max_length, stride, transforms, max_windows, progress)
     out = []
     for name, t in transforms.items():
@@ -239,10 +241,11 @@ def run_sweep(
     workdir: str | os.PathLike | None = None,
     verbose: bool = True,
     progress: bool | None = None,
+    checks: DecodingChecks = DecodingChecks(),
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
-    over the same windows."""
+    over the same windows, then on the retrieval and agreement ``checks``."""
     t_start = time.perf_counter()
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
     if len({c.name for c in resolved}) != len(resolved):
@@ -257,14 +260,21 @@ def run_sweep(
     ids = corpus.tokenize(tok, text)
     L = context_length or models.context_length(lm)
     check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
+    checks.check_inputs(tok, ids.shape[1], text.name)
     names = ", ".join(c.name for c in resolved) + (" + the transformers QuantizedCache peer" if peers else "")
     say(f"Scoring {names} on {text.name} ({ids.shape[1]} tokens, window {L}, stride {stride})...")
     t0 = time.perf_counter()
+    progress = verbose if progress is None else progress
     with tempfile.TemporaryDirectory(prefix="kvlib-sweep-") as tmp:
         schemes, first, timing = score_schemes(
             lm, ids, L, stride, resolved, workdir or tmp, models.model_display_name(model), threshold, peers,
-            max_windows, verbose if progress is None else progress)
-    seconds = time.perf_counter() - t0
+            max_windows, progress)
+        seconds = time.perf_counter() - t0
+        retrieval, agreement = run_decoding_checks(lm, tok, ids, resolved, checks, workdir or tmp,
+                                                   models.model_display_name(model), text.name, peers, progress)
+    for s in schemes:
+        for k, v in readings(s.name, retrieval, agreement).items():
+            setattr(s, k, v)
     schemes.sort(key=lambda s: (bool(s.error), not s.passed, s.bits_per_element, s.context_delta))
     rec, sentence = recommend(schemes)
     g = cache.expected_geometry(lm.config)
@@ -278,7 +288,10 @@ def run_sweep(
         kv_geometry={"num_layers": g["expected_layers"], "num_kv_heads": g["expected_kv_heads"],
                      "head_dim": g["expected_head_dim"]},
         timing={"total_s": time.perf_counter() - t_start, "scoring_s": seconds,
-                "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing},
+                "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing,
+                **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),
+                **({"agreement_s": agreement.timing["total_s"]} if agreement else {})},
+        retrieval=retrieval.to_dict() if retrieval else {}, agreement=agreement.to_dict() if agreement else {},
     )
     if verbose:
         print_sweep(result)
@@ -343,5 +356,8 @@ def print_sweep(r: SweepResult) -> None:
               f"[{s.ci_low:+8.4f}, {s.ci_high:+8.4f}] {s.kld_mean:9.5f} {s.kld_p99:8.4f} {s.top1_agreement:5.1f}% "
               f"{s.keys.get('snr_db', math.nan):7.2f} {s.values.get('snr_db', math.nan):7.2f}  {s.verdict_text}")
     print(bar)
+    for d in (r.retrieval, r.agreement):
+        if d:
+            print(f"  {d['summary']}")
     print(f"  {r.recommendation}")
     print(bar)

@@ -20,6 +20,7 @@ import torch
 
 from kvlib import bridge, cache, corpus, models
 from kvlib.codec import CodecConfig, resolve_codec
+from kvlib.decoding import DecodingChecks, run_decoding_checks
 from kvlib.gates import CI_LEVEL, PPL_DELTA_THRESHOLD
 from kvlib.sweep import check_corpus_length, check_parameters, dtype_name, resolve_dtype, score_schemes, write_json
 
@@ -73,6 +74,8 @@ class ValidationResult:
     timing: dict[str, float] = field(default_factory=dict)
     compression: dict[str, Any] = field(default_factory=dict)  # pooled CLI metrics, per tensor included
     verdict: str = ""
+    retrieval: dict[str, Any] = field(default_factory=dict)  # RetrievalResult.to_dict(), empty when not run
+    agreement: dict[str, Any] = field(default_factory=dict)  # AgreementResult.to_dict(), empty when not run
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,10 +170,12 @@ def run_full_validation(
     workdir: str | os.PathLike | None = None,
     progress: bool | None = None,
     dtype: str | None = None,
+    checks: DecodingChecks = DecodingChecks(),
 ) -> ValidationResult:
     """Run the six steps and return the result (see the module docstring for the gate).
 
-    ``codec`` is a CodecConfig, preset name or spec (default int4)."""
+    ``codec`` is a CodecConfig, preset name or spec (default int4); ``checks``
+    adds pass-key retrieval and generation agreement against the exact cache."""
     bar = "=" * 60
     t_start = time.perf_counter()
     if not bridge.check_cli_available():
@@ -201,12 +206,15 @@ def run_full_validation(
         check_sample_roundtrip(lm, tok, ids, codec, Path(workdir), name, device, verbose)
         L = context_length or models.context_length(lm)
         check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
+        checks.check_inputs(tok, ids.shape[1], text.name)
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
                       f"({ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")
         (scheme,), ppl, bridge_timing = score_schemes(
             lm, ids, L, stride, [codec], Path(workdir) / "windows", name, threshold, peers=False,
             max_windows=max_windows, progress=verbose if progress is None else progress)
+        retrieval, agreement = run_decoding_checks(lm, tok, ids, [codec], checks, workdir, name, text.name,
+                                                   progress=verbose if progress is None else progress)
     finally:
         if own_tmp is not None:
             own_tmp.cleanup()
@@ -215,7 +223,11 @@ def run_full_validation(
                                 stride, L, lm.config)
     result.timing = {"total_s": time.perf_counter() - t_start, "model_load_s": t_model, "perplexity_s": ppl.seconds,
                      "bridge_s": ppl.transform_seconds, **bridge_timing,
-                     "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan}
+                     "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan,
+                     **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),
+                     **({"agreement_s": agreement.timing["total_s"]} if agreement else {})}
+    result.retrieval = retrieval.to_dict() if retrieval else {}
+    result.agreement = agreement.to_dict() if agreement else {}
     if verbose:
         print_result(result)
     return result
@@ -249,6 +261,9 @@ def print_result(r: ValidationResult) -> None:
               f"cosine {r.keys['cosine_similarity']:.5f} / {r.values['cosine_similarity']:.5f}")
     print(f"  Quality level:         {r.quality_level}" + ("" if r.quality_passed else
           f" (codec gates failed: {'; '.join(r.violations)})"))
+    for d in (r.retrieval, r.agreement):
+        if d:
+            print(f"  {d['summary']}")
     print(bar)
     print(f"  [{'OK' if r.passed else 'FAIL'}] {r.verdict}")
     print(bar)

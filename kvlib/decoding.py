@@ -1,0 +1,72 @@
+"""Beyond perplexity: the retrieval and agreement checks of a validation or a
+sweep, run after the perplexity windows with the same model, codecs and peer,
+and their readings put beside each scheme's verdict (which stays the
+perplexity gate).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvlib.agreement import AgreementConfig, AgreementResult, prompt_starts, run_agreement
+from kvlib.codec import CodecConfig
+from kvlib.retrieval import RetrievalConfig, RetrievalResult, build_haystacks, run_retrieval
+
+
+@dataclass(frozen=True)
+class DecodingChecks:
+    """Which checks run, and their grids (None: not run)."""
+
+    retrieval: RetrievalConfig | None = None
+    agreement: AgreementConfig | None = None
+
+    def check_inputs(self, tokenizer: Any, num_tokens: int, corpus_name: str) -> None:
+        """Build the haystacks and place the prompts now, so a grid that cannot
+        fit fails before the slow part (ValueError naming the parameter)."""
+        if self.retrieval is not None:
+            build_haystacks(tokenizer, self.retrieval)
+        if self.agreement is not None:
+            prompt_starts(num_tokens, self.agreement, corpus_name)
+
+
+def run_decoding_checks(lm: Any, tokenizer: Any, ids: torch.Tensor, codecs: list[CodecConfig], checks: DecodingChecks,
+                        workdir: str | os.PathLike, model_name: str, corpus_name: str, peers: bool = False,
+                        progress: bool = False) -> tuple[RetrievalResult | None, AgreementResult | None]:
+    """Run the checks ``checks`` asks for; each prefills its own prompts once for every codec."""
+    retrieval = agreement = None
+    if checks.retrieval is not None:
+        if progress:
+            print("Pass-key retrieval...", flush=True)
+        retrieval = run_retrieval(lm, tokenizer, codecs, Path(workdir) / "retrieval", checks.retrieval, model_name,
+                                  peers, progress=progress)
+    if checks.agreement is not None:
+        if progress:
+            print("Generation agreement...", flush=True)
+        agreement = run_agreement(lm, tokenizer, ids, codecs, Path(workdir) / "agreement", checks.agreement,
+                                  model_name, corpus_name, peers, progress=progress)
+    return retrieval, agreement
+
+
+def readings(name: str, retrieval: RetrievalResult | None, agreement: AgreementResult | None) -> dict[str, Any]:
+    """One scheme's numbers from both checks (NaN when a check did not run or the scheme was not in it)."""
+    out: dict[str, Any] = {"retrieval_found": math.nan, "retrieval_total": math.nan, "retrieval_dropped": math.nan,
+                           "generation_agreement": math.nan, "generation_divergence": math.nan}
+    if retrieval is not None:
+        try:
+            s = retrieval.scheme(name)
+            out.update(retrieval_found=s.found, retrieval_total=s.total, retrieval_dropped=s.dropped)
+        except KeyError:
+            pass
+    if agreement is not None:
+        try:
+            a = agreement.scheme(name)
+            out.update(generation_agreement=a.agreement, generation_divergence=a.mean_divergence)
+        except KeyError:
+            pass
+    return out

@@ -1,0 +1,36 @@
+"""The cache transforms a check compares, built once from the codec list:
+a ``kv-compress`` round trip per codec (all reading one context file per
+cache) and, when asked, transformers' QuantizedCache peer.
+
+Each is ``transform(cache) -> (cache, metrics)``; perplexity, retrieval and
+agreement all take them in this order.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from kvlib.bridge import CLICacheRoundtrip, ContextFile
+from kvlib.codec import CodecConfig
+
+
+def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, model_name: str,
+                     model_config: Any = None, peers: bool = False, slots: int = 1,
+                     ) -> tuple[dict[str, Any], str | None]:
+    """The transforms by name, and why the peer is missing (None when it runs or
+    was not asked). ``slots``: how many context caches are in use at once (the
+    rows of a decoding batch), each saved once for every codec."""
+    from kvlib.peer import PEER_BITS, QuantoPeer, peer_name, peer_unavailable
+
+    context = ContextFile(Path(workdir) / "context.safetensors", model_name, slots=slots)
+    transforms: dict[str, Any] = {
+        c.name: CLICacheRoundtrip(Path(workdir) / f"scheme{i}", c, model_name, context=context)
+        for i, c in enumerate(codecs)
+    }
+    missing = peer_unavailable() if peers else None
+    if peers and missing is None:
+        for nbits in PEER_BITS:
+            transforms[peer_name(nbits)] = QuantoPeer(model_config, nbits)
+    return transforms, missing
