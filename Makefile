@@ -28,6 +28,16 @@ DTYPE       ?= auto
 SCHEMES     ?= all
 PEERS       ?= True
 SWEEP_WINDOWS ?= 6
+# Beyond perplexity (empty: the notebook's defaults). RETRIEVAL=False / GENERATION=False skip a check.
+RETRIEVAL          ?=
+RETRIEVAL_LENGTHS  ?=
+GENERATION         ?=
+GENERATION_PROMPTS ?=
+CHECKS = $(if $(RETRIEVAL),-p retrieval $(RETRIEVAL)) $(if $(RETRIEVAL_LENGTHS),-r retrieval_lengths "$(RETRIEVAL_LENGTHS)") \
+  $(if $(GENERATION),-p generation $(GENERATION)) $(if $(GENERATION_PROMPTS),-p generation_prompts $(GENERATION_PROMPTS))
+# make test's tiny grid: two haystacks of 256 tokens, two prompts of 128 tokens, 4 new tokens.
+TINY_CHECKS = -r retrieval_lengths 256 -r retrieval_depths "0,1" -p generation_prompts 2 -p generation_context 128 \
+  -p generation_tokens 4
 REPORTS     := reports
 BUILD       := build
 # Rendered reports hold results, not progress bars (tqdm reads this at import).
@@ -66,11 +76,11 @@ test-py: setup
 test-notebooks: setup
 	rm -rf $(BUILD)/nbtest && mkdir -p $(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/validate_perplexity.ipynb $(BUILD)/nbtest/validate_perplexity.ipynb \
-	  -k kvlib -p max_windows 2 -p context_length 512 -p stride 256 -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	  -k kvlib -p max_windows 2 -p context_length 512 -p stride 256 $(TINY_CHECKS) -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/quick_test.ipynb $(BUILD)/nbtest/quick_test.ipynb \
 	  -k kvlib -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/sweep.ipynb $(BUILD)/nbtest/sweep.ipynb -k kvlib -r schemes "int4,kivi4" \
-	  -p max_windows 2 -p context_length 512 -p stride 256 -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	  -p max_windows 2 -p context_length 512 -p stride 256 $(TINY_CHECKS) -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(BUILD)/nbtest
 
 report: setup
@@ -80,7 +90,7 @@ report: setup
 	  $(if $(GROUP_SIZE),-p group_size $(GROUP_SIZE)) $(if $(SPARSITY),-p sparsity $(SPARSITY)) \
 	  $(if $(filter 1 true True yes,$(LOSSLESS)),-p lossless True) \
 	  $(if $(THRESHOLD),-p threshold $(THRESHOLD)) -p stride $(STRIDE) -p max_windows $(MAX_WINDOWS) -p device $(DEVICE) \
-	  -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS)
+	  -r dtype $(DTYPE) $(CHECKS) -p output_dir $(CURDIR)/$(REPORTS)
 	$(PAPERMILL) notebooks/quick_test.ipynb $(BUILD)/executed/quick_test.ipynb -k kvlib \
 	  -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) \
@@ -92,7 +102,7 @@ sweep: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/sweep.ipynb $(BUILD)/executed/sweep.ipynb -k kvlib \
 	  -p model $(MODEL) -p corpus $(CORPUS) -r schemes "$(SCHEMES)" -p peers $(PEERS) -p stride $(STRIDE) \
-	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS)
+	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) $(CHECKS) -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/sweep.ipynb
 	@echo "Sweep: $(CURDIR)/$(REPORTS)/sweep.html (results: $(REPORTS)/sweep.json)"
 

@@ -64,14 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def decoding_checks(args: argparse.Namespace) -> DecodingChecks:
     """The retrieval and agreement configurations the flags ask for (ValueError names a bad one)."""
-    retrieval = agreement = None
-    if args.retrieval or args.retrieval_lengths or args.retrieval_depths or args.retrieval_keys is not None:
-        retrieval = RetrievalConfig.parse(args.retrieval_lengths, args.retrieval_depths, args.retrieval_keys)
-    given = {k: v for k, v in (("prompts", args.generation_prompts), ("context_tokens", args.generation_context),
-                               ("new_tokens", args.generation_tokens)) if v is not None}
-    if args.generation or given:
-        agreement = AgreementConfig(**given)
-    return DecodingChecks(retrieval, agreement)
+    return DecodingChecks.from_parameters(args.retrieval, args.retrieval_lengths, args.retrieval_depths,
+                                          args.retrieval_keys, args.generation, args.generation_prompts,
+                                          args.generation_context, args.generation_tokens)
 
 
 def check_output_path(path: str) -> None:

@@ -26,6 +26,22 @@ class DecodingChecks:
     retrieval: RetrievalConfig | None = None
     agreement: AgreementConfig | None = None
 
+    @classmethod
+    def from_parameters(cls, retrieval: bool = False, retrieval_lengths: str | None = None,
+                        retrieval_depths: str | None = None, retrieval_keys: int | None = None,
+                        generation: bool = False, generation_prompts: int | None = None,
+                        generation_context: int | None = None, generation_tokens: int | None = None,
+                        ) -> "DecodingChecks":
+        """From the CLI's flags or a notebook's parameters: a check runs when asked for or
+        when one of its settings is given; None keeps the module's default."""
+        r = None
+        if retrieval or any(x is not None for x in (retrieval_lengths, retrieval_depths, retrieval_keys)):
+            r = RetrievalConfig.parse(retrieval_lengths, retrieval_depths, retrieval_keys)
+        given = {k: v for k, v in (("prompts", generation_prompts), ("context_tokens", generation_context),
+                                   ("new_tokens", generation_tokens)) if v is not None}
+        a = AgreementConfig(**given) if generation or given else None
+        return cls(r, a)
+
     def check_inputs(self, tokenizer: Any, num_tokens: int, corpus_name: str) -> None:
         """Build the haystacks and place the prompts now, so a grid that cannot
         fit fails before the slow part (ValueError naming the parameter)."""

@@ -93,6 +93,9 @@ def banner(result: ValidationResult | dict[str, Any]):
                        f"agreement {fmt(r.get('top1_agreement'), '.1f')} %")
     else:
         detail = html.escape(r.get("verdict", ""))
+    checks = "".join(f"<br>{html.escape(d['summary'])}" for d in (r.get("retrieval"), r.get("agreement")) if d)
+    if checks:
+        detail += f'<div style="font-size:13px;color:#24292f;margin-top:4px">Beside the verdict{checks}</div>'
     parts = [r["model"], f"{r['scheme_name']} ({r['scheme']})" if r['scheme_name'] != r['scheme'] else r['scheme'], r["corpus"]]
     sub = " &middot; ".join(html.escape(p) for p in parts if p and p != "none")
     return HTML(
@@ -140,9 +143,29 @@ def summary_rows(result: ValidationResult | dict[str, Any]) -> list[tuple[str, s
            f"{fmt(m.get('snr_db'), '.2f')} dB / {fmt(m.get('rmse'), '.4f')} / {fmt(m.get('cosine_similarity'), '.5f')}",
            f"all {label.lower()} tensors pooled")
           for label, m in (("Keys", r.get("keys") or {}), ("Values", r.get("values") or {})) if m],
+        *_check_rows(r),
         ("Quality level", r["quality_level"] or "–", "codec gates " + ("passed" if r["quality_passed"] else "failed")),
         ("Violations", "; ".join(r["violations"]) or "none", ""),
     ]
+    return rows
+
+
+def _check_rows(r: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Summary rows of the retrieval and agreement checks, when they ran."""
+    rows = []
+    if r.get("retrieval"):
+        d = r["retrieval"]
+        ex, s = d["exact"], d["schemes"][0]
+        rows.append(("Pass-key retrieval", f"{s['found']}/{s['total']}",
+                     f"exact cache {ex['found']}/{ex['total']}; {s['dropped']} lost against it; lengths "
+                     f"{', '.join(map(str, d['lengths']))} tokens"))
+    if r.get("agreement"):
+        d = r["agreement"]
+        s = d["schemes"][0]
+        rows.append(("Generation agreement", fmt(s["agreement"], ".1f") + " %",
+                     f"greedy tokens equal to the exact cache's; {s['identical']}/{len(s['tokens'])} continuations "
+                     f"identical, first divergence at token {fmt(s['mean_divergence'], '.1f')} of "
+                     f"{d['config']['new_tokens']} on average"))
     return rows
 
 

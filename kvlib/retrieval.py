@@ -140,6 +140,7 @@ class SchemeRetrieval:
     seconds: float = 0.0  # transform and decoding
     dropped: int = 0  # haystacks the exact cache answers and this one does not
     gained: int = 0  # the reverse
+    cells_dropped: int = 0  # grid cells (length, depth) where it finds fewer keys than the exact cache
 
     @property
     def found(self) -> int:
@@ -190,6 +191,8 @@ class RetrievalResult:
 def _compare(exact: SchemeRetrieval, other: SchemeRetrieval) -> None:
     other.dropped = sum(e.found and not o.found for e, o in zip(exact.answers, other.answers))
     other.gained = sum(o.found and not e.found for e, o in zip(exact.answers, other.answers))
+    cells = {(a.length, a.depth) for a in exact.answers}
+    other.cells_dropped = sum(other.cell(*c)[0] < exact.cell(*c)[0] for c in cells)
 
 
 def _answers(model: Any, tokenizer: Any, rows: list[Any], group: list[Haystack], answer_tokens: int) -> list[Answer]:

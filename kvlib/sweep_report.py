@@ -41,6 +41,8 @@ def banner(result: SweepResult | dict[str, Any]):
         f'background:{color}14;padding:12px 16px;margin:8px 0;font-family:sans-serif">'
         f'<div style="font-size:26px;font-weight:700;color:{color}">{html.escape(word)}</div>'
         f'<div style="font-size:15px;margin-top:4px">{html.escape(r["recommendation"])}</div>'
+        + "".join(f'<div style="font-size:13px;margin-top:4px">{html.escape(d["summary"])}</div>'
+                  for d in (r.get("retrieval"), r.get("agreement")) if d) +
         f'<div style="font-size:12px;color:#57606a;margin-top:4px">{sub}</div></div>'
     )
 
@@ -137,7 +139,7 @@ def ranked_rows(result: SweepResult | dict[str, Any]) -> list[list[str]]:
     rows = []
     for s in _as_dict(result)["schemes"]:
         if s.get("error"):
-            rows.append([s["name"], "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", f"not run: {s['error']}"])
+            rows.append([s["name"], *["–"] * (len(HEADERS) - 2), f"not run: {s['error']}"])
             continue
         verdict = ("PASS (robust)" if s["robust"] else "PASS (CI crosses gate)") if s["passed"] else "FAIL"
         rows.append([
@@ -145,13 +147,22 @@ def ranked_rows(result: SweepResult | dict[str, Any]) -> list[list[str]]:
             fmt(s["delta"], "+.4f"), fmt(s["context_delta"], "+.4f"),
             f"{fmt(s['ci_low'], '+.4f')} to {fmt(s['ci_high'], '+.4f')}",
             fmt(s["kld_mean"], ".5f"), fmt(s["kld_p99"], ".4f"), fmt(s["top1_agreement"], ".2f") + " %",
-            fmt((s["keys"] or {}).get("snr_db"), ".2f"), fmt((s["values"] or {}).get("snr_db"), ".2f"), verdict,
+            fmt((s["keys"] or {}).get("snr_db"), ".2f"), fmt((s["values"] or {}).get("snr_db"), ".2f"),
+            _found(s), fmt(s.get("generation_agreement"), ".1f") + " %", verdict,
         ])
     return rows
 
 
 HEADERS = ["Scheme", "Bits/el", "vs FP16", "Δ all", "Δ gated", f"{CI_LEVEL:.0%} CI (gated)", "KLD mean", "KLD p99",
-           "Top-1", "Key SNR dB", "Value SNR dB", "Verdict"]
+           "Top-1", "Key SNR dB", "Value SNR dB", "Pass keys", "Gen. agree", "Verdict"]
+
+
+def _found(s: dict[str, Any]) -> str:
+    """Pass keys found, e.g. "19/20", or a dash when retrieval did not run."""
+    found, total = s.get("retrieval_found"), s.get("retrieval_total")
+    if found is None or total is None or math.isnan(float(found)):
+        return "–"
+    return f"{found:.0f}/{total:.0f}"
 
 
 def ranked_table(result: SweepResult | dict[str, Any]):

@@ -1,0 +1,187 @@
+"""Beyond perplexity: pass-key haystacks are deterministic and put the key at
+the asked depth; the identity transform reproduces the exact cache's answers
+and continuations; the codec path is the real CLI, each context saved once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvlib import agreement, decoding_report, retrieval
+from kvlib.agreement import AgreementConfig, cut_prompts, first_divergence, run_agreement
+from kvlib.bridge import CLICacheRoundtrip
+from kvlib.cache import cache_layers, make_cache
+from kvlib.codec import resolve_codec
+from kvlib.decoding import DecodingChecks
+from kvlib.generate import greedy_continue, prefill, stack_caches
+from kvlib.retrieval import RetrievalConfig, build_haystack, build_haystacks, run_retrieval
+
+TINY_R = RetrievalConfig(lengths=(256, 384), depths=(0.0, 0.5, 1.0))
+TINY_A = AgreementConfig(prompts=3, context_tokens=96, new_tokens=6)
+
+
+def identity(cache):
+    return cache, None
+
+
+def zeroed(cache):
+    """A transform that destroys the context: every key and value 0."""
+    return make_cache([(torch.zeros_like(k), torch.zeros_like(v)) for k, v in cache_layers(cache)]), None
+
+
+@pytest.fixture(scope="module")
+def smol(embedded):
+    return embedded
+
+
+def test_haystacks_are_deterministic_and_seeded(smol):
+    _, tok = smol
+    a, b = build_haystacks(tok, TINY_R), build_haystacks(tok, TINY_R)
+    assert [h.ids for h in a] == [h.ids for h in b] and [h.key for h in a] == [h.key for h in b]
+    assert len(a) == 6 and len({h.key for h in a}) == 6 and all(len(h.key) == 5 for h in a)
+    c = build_haystacks(tok, RetrievalConfig(lengths=(256, 384), depths=(0.0, 0.5, 1.0), seed=1))
+    assert [h.key for h in c] != [h.key for h in a]
+
+
+@pytest.mark.parametrize("length", [256, 1000, 4096])
+@pytest.mark.parametrize("depth", [0.0, 0.1, 0.25, 0.5, 0.75, 1.0])
+def test_the_key_sits_at_the_asked_depth(smol, length, depth):
+    _, tok = smol
+    h = build_haystack(tok, length, depth, "12345")
+    needle = tok(retrieval.NEEDLE.format(key="12345"), add_special_tokens=False).input_ids
+    unit = len(tok(retrieval.FILLER, add_special_tokens=False).input_ids)
+    assert h.ids[h.needle_start:h.needle_start + len(needle)] == needle  # the token position is where it says
+    assert "12345" in tok.decode(h.ids[h.needle_start:h.needle_start + len(needle)])
+    assert "12345" not in tok.decode(h.ids[:h.needle_start]) + tok.decode(h.ids[h.needle_start + len(needle):])
+    filler_before = h.needle_start - h.filler_start
+    assert abs(filler_before - depth * h.filler_tokens) <= unit / 2  # within half a filler sentence of the depth
+    assert filler_before % unit == 0  # between sentences, not inside one
+    total = len(h.ids) + len(h.question) + 8
+    assert length - unit < total <= length  # the haystack fills the length, question and answer included
+
+
+def test_bad_grids_fail_with_the_parameter_named(smol):
+    _, tok = smol
+    with pytest.raises(ValueError, match="too short"):
+        build_haystack(tok, 40, 0.5, "12345")
+    for kw, msg in ((dict(depths=(0.5, 1.5)), "depths"), (dict(lengths=(512, 512)), "lengths"),
+                    (dict(keys=0), "keys"), (dict(lengths=()), "lengths")):
+        with pytest.raises(ValueError, match=msg):
+            RetrievalConfig(**kw)
+    with pytest.raises(ValueError, match="lengths '1k'"):
+        RetrievalConfig.parse("1k")
+    assert RetrievalConfig.parse("512,1024", "0,1", 2) == RetrievalConfig(lengths=(512, 1024), depths=(0, 1), keys=2)
+    assert DecodingChecks.from_parameters() == DecodingChecks(None, None)
+    assert DecodingChecks.from_parameters(generation_prompts=3).agreement == AgreementConfig(prompts=3)
+
+
+def test_identity_reproduces_the_exact_answers_and_a_broken_cache_does_not(smol, tmp_path):
+    lm, tok = smol
+    r = run_retrieval(lm, tok, [], tmp_path, TINY_R, transforms={"identity": identity, "zeroed": zeroed})
+    exact, same, broken = r.exact, r.scheme("identity"), r.scheme("zeroed")
+    assert exact.found == exact.total == 6  # the embedded model finds every key at these lengths
+    assert [a.answer for a in same.answers] == [a.answer for a in exact.answers] and same.dropped == 0
+    assert broken.found < exact.found and broken.dropped == exact.found - broken.found + broken.gained
+    assert r.summary().startswith("retrieval: 6/6 exact, 6/6 identity, ")
+
+
+def test_lengths_beyond_the_model_context_are_left_out(smol, tmp_path):
+    lm, tok = smol
+    r = run_retrieval(lm, tok, [], tmp_path, RetrievalConfig(lengths=(256, 100_000), depths=(0.5,)),
+                      transforms={"identity": identity})
+    assert r.lengths == [256] and r.skipped_lengths == [100_000] and r.exact.total == 1
+
+
+def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, cli):
+    lm, tok = smol
+    r = run_retrieval(lm, tok, [resolve_codec("int8"), resolve_codec("kivi2")], tmp_path, TINY_R, "smol")
+    assert [s.name for s in r.schemes] == ["int8", "kivi2"]
+    assert r.scheme("int8").found == 6  # 8-bit keeps every key
+    # Each haystack's cache was written once for both codecs: 6 context files' writes.
+    contexts = list((tmp_path).glob("context*.safetensors"))
+    assert len(contexts) == 3  # one slot per haystack of a length (3 depths)
+    d = r.to_dict()
+    json.dumps(d)
+    assert d["exact"]["found"] == 6 and d["summary"] == r.summary()
+
+
+def test_cli_roundtrip_context_is_saved_once_for_all_codecs(smol, tmp_path, cli):
+    lm, tok = smol
+    from kvlib.transforms import cache_transforms
+
+    ts, missing = cache_transforms([resolve_codec("int4"), resolve_codec("q8_0")], tmp_path, "smol", slots=2)
+    assert missing is None and all(isinstance(t, CLICacheRoundtrip) for t in ts.values())
+    a, b = prefill(lm, [1, 2, 3, 4]), prefill(lm, [5, 6, 7, 8])
+    for t in ts.values():
+        for c in (a, b):
+            t(c)
+    assert ts["int4"].context.writes == 2 and ts["int4"].context is ts["q8_0"].context
+
+
+def test_prompts_are_evenly_spaced_and_do_not_overlap():
+    ids = torch.arange(1000)[None]
+    ps = cut_prompts(ids, AgreementConfig(prompts=4, context_tokens=250))
+    assert [p[0] for p in ps] == [0, 250, 500, 750] and all(len(p) == 250 for p in ps)
+    ps = cut_prompts(ids, AgreementConfig(prompts=3, context_tokens=100))
+    assert [p[0] for p in ps] == [0, 450, 900]
+    with pytest.raises(ValueError, match="too short for 5 agreement prompts of 250"):
+        cut_prompts(ids, AgreementConfig(prompts=5, context_tokens=250))
+    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2 and first_divergence([1, 2], [1, 2]) == 2
+    assert first_divergence([5], [6]) == 0
+
+
+def test_identity_agrees_fully_and_a_broken_cache_diverges(smol, tmp_path):
+    lm, tok = smol
+    from kvlib import corpus
+
+    ids = corpus.tokenize(tok, corpus.load_corpus("embedded"))
+    r = run_agreement(lm, tok, ids, [], tmp_path, TINY_A, transforms={"identity": identity, "zeroed": zeroed})
+    same, broken = r.scheme("identity"), r.scheme("zeroed")
+    assert same.tokens == r.exact.tokens and same.agreement == 100.0
+    assert same.divergence == [6, 6, 6] and same.identical == 3 and same.mean_divergence == 6
+    assert broken.agreement < 100 and broken.identical < 3
+    i = broken.sample
+    assert broken.divergence[i] == first_divergence(r.exact.tokens[i], broken.tokens[i])
+    t = broken.sample_text
+    assert t["common"] + t["exact"] == tok.decode(r.exact.tokens[i], skip_special_tokens=True)
+    html = decoding_report.agreement_samples(r.to_dict()).data
+    assert "<mark" in html and "zeroed" in html and r.summary().startswith("generation agreement")
+
+
+def test_batched_rows_decode_as_they_would_alone(smol):
+    """Stacking equally long caches does not change what each row generates."""
+    lm, _ = smol
+    prompts = [list(range(100, 140)), list(range(300, 340))]
+    caches = [prefill(lm, p[:-1]) for p in prompts]
+    last = torch.tensor([[p[-1]] for p in prompts])
+    both = greedy_continue(lm, stack_caches(caches), last, 5)
+    alone = [greedy_continue(lm, stack_caches([c]), last[i:i + 1], 5)[0] for i, c in enumerate(caches)]
+    assert both[0].tolist() == alone[0].tolist() and both[1].tolist() == alone[1].tolist()
+    assert cache_layers(caches[0])[0][0].shape[2] == 39  # the inputs were not grown by decoding
+    with pytest.raises(ValueError, match="different lengths"):
+        stack_caches([caches[0], prefill(lm, [1, 2])])
+
+
+def test_report_figures_state_their_numbers(smol, tmp_path):
+    lm, tok = smol
+    r = run_retrieval(lm, tok, [], tmp_path, TINY_R, transforms={"zeroed": zeroed}).to_dict()
+    fig = decoding_report.plot_retrieval(r)
+    assert fig.alt.endswith(f"exact 6/6; zeroed {r['schemes'][0]['found']}/6") and fig.png[:4] == b"\x89PNG"
+    rows = decoding_report.retrieval_rows(r)
+    assert rows[0][:3] == ["exact", "6/6", "100 %"] and rows[0][3:5] == ["3/3", "3/3"]
+    assert rows[1][-2] == str(r["schemes"][0]["dropped"])
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--retrieval-depths", "0,2"], "depths"),
+    (["--retrieval-lengths", "abc"], "lengths 'abc'"),
+    (["--generation-prompts", "0"], "prompts 0"),
+    (["--generation-tokens", "0"], "new_tokens 0"),
+])
+def test_cli_rejects_bad_checks_before_loading(args, msg, cli):
+    p = subprocess.run([sys.executable, "-m", "kvlib", *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1
