@@ -135,9 +135,11 @@ def agreement_samples(d: dict[str, Any], names: list[str] | None = None):
     return HTML("".join(blocks))
 
 
-def readings(*ds: dict[str, Any]) -> list[str]:
-    """The plain-language lines of the checks that ran."""
-    return [d["summary"] for d in ds if d]
+def readings(*ds: dict[str, Any]):
+    """The plain-language readings of the checks that ran, as a list (Markdown)."""
+    from IPython.display import Markdown
+
+    return Markdown("\n".join(f"- {d['summary']}" for d in ds if d) or "*Neither check ran.*")
 
 
 def _html_table(table_id: str, headers: list[str], rows: list[list[str]]):
@@ -146,7 +148,8 @@ def _html_table(table_id: str, headers: list[str], rows: list[list[str]]):
     head = "".join(f'<th style="text-align:{"left" if i == 0 else "right"}">{html.escape(h)}</th>'
                    for i, h in enumerate(headers))
     body = "".join("<tr>" + f'<th style="text-align:left">{html.escape(r[0])}</th>'
-                   + "".join(f'<td style="text-align:right">{html.escape(c)}</td>' for c in r[1:]) + "</tr>"
+                   + "".join(f'<td style="text-align:right;white-space:nowrap">{html.escape(c)}</td>' for c in r[1:])
+                   + "</tr>"
                    for r in rows)
     return HTML(f'<table id="{table_id}" style="font-size:12.5px;max-width:100%"><thead><tr>{head}</tr></thead>'
                 f'<tbody>{body}</tbody></table>')

@@ -176,7 +176,7 @@ def ranked_table(result: SweepResult | dict[str, Any]):
     for s, row in zip(r["schemes"], ranked_rows(r)):
         color = "#1a7f37" if s.get("robust") else ("#9a6700" if s.get("passed") else "#cf222e")
         cells = f'<th style="text-align:left" title="{html.escape(s["spec"])}">{html.escape(row[0])}</th>'
-        cells += "".join(f'<td style="text-align:right">{html.escape(c)}</td>' for c in row[1:-1])
+        cells += "".join(f'<td style="text-align:right;white-space:nowrap">{html.escape(c)}</td>' for c in row[1:-1])
         cells += f'<td style="color:{color};font-weight:600">{html.escape(row[-1])}</td>'
         body += f"<tr>{cells}</tr>"
     return HTML(f'<table id="kvlib-sweep-table" style="font-size:12.5px;max-width:100%"><thead><tr>{head}</tr>'
