@@ -77,7 +77,9 @@ def rendered(tmp_path_factory, cli):
     executed = out / "validate_perplexity.ipynb"
     papermill.execute_notebook(
         str(NOTEBOOK), str(executed), kernel_name="python3", progress_bar=False,
-        parameters={"max_windows": 2, "context_length": 512, "stride": 256, "output_dir": str(out), "name": "small"},
+        parameters={"max_windows": 2, "context_length": 512, "stride": 256, "output_dir": str(out), "name": "small",
+                    "retrieval_lengths": "256", "retrieval_depths": "0,1", "generation_prompts": 2,
+                    "generation_context": 128, "generation_tokens": 4},
     )
     html, _ = HTMLExporter(exclude_input=True).from_notebook_node(nbformat.read(executed, as_version=4))
     page = _Page()
@@ -116,11 +118,16 @@ def test_table_numbers_equal_the_json(rendered):
     assert rows["95% CI of the gated delta"] == f"{data['ci_low']:+.4f} to {data['ci_high']:+.4f}"
     assert rows["KL divergence (mean / median / p99)"].startswith(f"{data['kld_mean']:.5f} / ")
     assert rows["Top-1 agreement"] == f"{data['top1_agreement']:.2f} %"
+    r, a = data["retrieval"]["schemes"][0], data["agreement"]["schemes"][0]
+    assert r["name"] == a["name"] == "int4" and data["retrieval"]["exact"]["total"] == r["total"] == 2
+    assert rows["Pass-key retrieval"] == f"{r['found']}/{r['total']}"
+    assert rows["Generation agreement"] == f"{a['agreement']:.1f} %"
 
 
 def test_every_plot_is_an_embedded_image(rendered):
     page, _, html = rendered
-    assert len(page.images) == 4  # layer metrics, error histograms, head SNR heatmap, per-window perplexity
+    # layer metrics, error histograms, head SNR heatmap, per-window perplexity, retrieval heatmap
+    assert len(page.images) == 5
     assert all(len(alt) > 40 for alt in page.alts), page.alts  # every image says what it shows
     for img in page.images:
         png = base64.b64decode(img)
