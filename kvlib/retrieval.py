@@ -178,7 +178,9 @@ class RetrievalResult:
         """Plain language: 'retrieval: 15/15 exact, 15/15 int4, 12/15 kivi2 (3 dropped)'."""
         parts = [f"{s.found}/{s.total} {s.name}" + (f" ({s.dropped} dropped)" if s.dropped else "")
                  for s in [self.exact, *self.schemes]]
-        return "retrieval: " + ", ".join(parts)
+        skipped = (f" (lengths {', '.join(map(str, self.skipped_lengths))} left out: beyond the model's context)"
+                   if self.skipped_lengths else "")
+        return "retrieval: " + ", ".join(parts) + skipped
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

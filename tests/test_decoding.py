@@ -94,6 +94,7 @@ def test_lengths_beyond_the_model_context_are_left_out(smol, tmp_path):
     r = run_retrieval(lm, tok, [], tmp_path, RetrievalConfig(lengths=(256, 100_000), depths=(0.5,)),
                       transforms={"identity": identity})
     assert r.lengths == [256] and r.skipped_lengths == [100_000] and r.exact.total == 1
+    assert r.summary().endswith("(lengths 100000 left out: beyond the model's context)")
 
 
 def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, cli):
