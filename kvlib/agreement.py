@@ -142,9 +142,10 @@ def run_agreement(model: Any, tokenizer: Any, ids: torch.Tensor, codecs: list[Co
     results = []
     for name in [EXACT, *transforms]:
         t0 = time.perf_counter()
-        rows = contexts if name == EXACT else [transforms[name](c)[0] for c in contexts]
-        tokens = greedy_continue(model, stack_caches(rows), last, config.new_tokens).tolist()
-        del rows
+        # Each reconstruction is copied into the batch as it arrives: one alive at a time.
+        batch = stack_caches(contexts if name == EXACT else (transforms[name](c)[0] for c in contexts), len(contexts))
+        tokens = greedy_continue(model, batch, last, config.new_tokens).tolist()
+        del batch
         results.append(SchemeAgreement(name, tokens, seconds=time.perf_counter() - t0))
         if progress:
             print(f"  agreement {name}: {results[-1].seconds:.1f} s", flush=True)

@@ -8,7 +8,8 @@ the same batch, so their tokens differ only because their caches do.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import itertools
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -26,14 +27,36 @@ def prefill(model: Any, ids: Sequence[int]) -> Any:
     return model(input_ids=x, use_cache=True, logits_to_keep=1).past_key_values
 
 
-def stack_caches(caches: Sequence[Any]) -> Any:
-    """One DynamicCache holding the given batch-1 caches as rows (new tensors: the inputs are untouched)."""
-    layers = [cache_layers(c) for c in caches]
-    lengths = {int(ls[0][0].shape[2]) for ls in layers}
-    if len(lengths) != 1:
-        raise ValueError(f"caches of different lengths {sorted(lengths)} cannot share a batch")
-    return make_cache([(torch.cat([ls[i][0] for ls in layers]), torch.cat([ls[i][1] for ls in layers]))
-                       for i in range(len(layers[0]))])
+def stack_caches(caches: Iterable[Any], rows: int | None = None) -> Any:
+    """One DynamicCache holding the given caches as rows (new tensors: the inputs are untouched).
+
+    The batch is allocated once and filled cache by cache, so an iterable that
+    makes each cache on demand (a codec's reconstruction) holds one at a time;
+    ``rows`` is then the number of rows it yields (default ``len(caches)``)."""
+    it = iter(caches)
+    first = next(it, None)
+    if first is None:
+        raise ValueError("no caches to stack")
+    n = rows if rows is not None else len(caches)  # type: ignore[arg-type]
+    batch = [(k.new_empty((n, *k.shape[1:])), v.new_empty((n, *v.shape[1:]))) for k, v in cache_layers(first)]
+    length, filled = batch[0][0].shape[2], 0
+    rest = itertools.chain([first], it)
+    del first
+    for cache in rest:
+        layers = cache_layers(cache)
+        b = layers[0][0].shape[0]
+        if layers[0][0].shape[2] != length:
+            raise ValueError(f"caches of different lengths {length} and {layers[0][0].shape[2]} cannot share a batch")
+        if filled + b > n:
+            raise ValueError(f"more than {n} rows to stack")
+        for (bk, bv), (k, v) in zip(batch, layers):
+            bk[filled:filled + b] = k
+            bv[filled:filled + b] = v
+        filled += b
+        del cache, layers
+    if filled != n:
+        raise ValueError(f"{filled} rows to stack, expected {n}")
+    return make_cache(batch)
 
 
 @torch.no_grad()

@@ -197,10 +197,10 @@ def _compare(exact: SchemeRetrieval, other: SchemeRetrieval) -> None:
     other.cells_dropped = sum(other.cell(*c)[0] < exact.cell(*c)[0] for c in cells)
 
 
-def _answers(model: Any, tokenizer: Any, rows: list[Any], group: list[Haystack], answer_tokens: int) -> list[Answer]:
-    """Decode the batch of ``rows`` (one cache per haystack of ``group``) and score each answer."""
+def _answers(model: Any, tokenizer: Any, batch: Any, group: list[Haystack], answer_tokens: int) -> list[Answer]:
+    """Decode ``batch`` (one row per haystack of ``group``) and score each answer."""
     question = torch.tensor([h.question for h in group])
-    tokens = greedy_continue(model, stack_caches(rows), question, answer_tokens)
+    tokens = greedy_continue(model, batch, question, answer_tokens)
     out = []
     for h, t in zip(group, tokens.tolist()):
         text = tokenizer.decode(t, skip_special_tokens=True)
@@ -238,9 +238,10 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
         t_prefill += time.perf_counter() - t0
         for name in names:
             t0 = time.perf_counter()
-            rows = exact if name == EXACT else [transforms[name](c)[0] for c in exact]
-            answers[name] += _answers(model, tokenizer, rows, group, config.answer_tokens)
-            del rows
+            # Each reconstruction is copied into the batch as it arrives: one alive at a time.
+            batch = stack_caches(exact if name == EXACT else (transforms[name](c)[0] for c in exact), len(exact))
+            answers[name] += _answers(model, tokenizer, batch, group, config.answer_tokens)
+            del batch
             seconds[name] += time.perf_counter() - t0
             if progress:
                 print(f"  retrieval {i + 1}/{len(groups)} ({group[0].length} tokens) {name}: "
