@@ -5,13 +5,15 @@ Each haystack is built at the token level from fixed filler sentences, with a
 seeded 5-digit key stated at a given depth (Mohtashami & Jaggi's pass-key
 prompt). The haystack, everything before the question, is prefilled once; the
 exact cache and each scheme's reconstruction of it then answer the same
-question greedily, and a cell counts as found when the key is in the answer.
+question greedily, and a cell counts as found when the key stands in the answer
+as a number of its own.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -204,8 +206,13 @@ def _answers(model: Any, tokenizer: Any, batch: Any, group: list[Haystack], answ
     out = []
     for h, t in zip(group, tokens.tolist()):
         text = tokenizer.decode(t, skip_special_tokens=True)
-        out.append(Answer(h.length, h.depth, h.key, text, h.key in text))
+        out.append(Answer(h.length, h.depth, h.key, text, key_found(h.key, text)))
     return out
+
+
+def key_found(key: str, answer: str) -> bool:
+    """The key stands in the answer as a number of its own ("71432." counts, "714325" does not)."""
+    return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", answer) is not None
 
 
 def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: str | os.PathLike,

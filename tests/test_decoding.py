@@ -64,6 +64,12 @@ def test_the_key_sits_at_the_asked_depth(smol, length, depth):
     assert length - unit < total <= length  # the haystack fills the length, question and answer included
 
 
+def test_a_key_counts_only_as_a_number_of_its_own():
+    assert retrieval.key_found("71432", " 71432. Remember") and retrieval.key_found("71432", "is 71432")
+    assert not retrieval.key_found("71432", " 714325.") and not retrieval.key_found("71432", " 171432")
+    assert not retrieval.key_found("71432", " 7143") and not retrieval.key_found("71432", "")
+
+
 def test_bad_grids_fail_with_the_parameter_named(smol):
     _, tok = smol
     with pytest.raises(ValueError, match="too short"):
