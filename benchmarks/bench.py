@@ -10,6 +10,8 @@ baseline measured in the same run (ratios, because the machines are noisy).
 3. Sweep: the cost of each extra scheme against one baseline + compressed
    pair, the single-scheme loop against the previous one, and bfloat16
    against float32 (throughput and baseline perplexity).
+4. Retrieval at the full 8K context: peak resident memory against the size of
+   one decoding batch, and a scheme's cost against the prefill it shares.
 """
 
 from __future__ import annotations
@@ -195,6 +197,22 @@ def main() -> None:
           f"{full.context_delta:+.4f} (gated)\n")
     with tempfile.TemporaryDirectory(prefix="kvlib-bench-sweep-") as tmp2:
         sweep_costs(model, ids, Path(tmp2), args.sweep_windows)
+    decoding_costs()
+
+
+def decoding_costs() -> None:
+    """Retrieval over 5 haystacks of 8,192 tokens in a fresh process (its own peak RSS)."""
+    p = subprocess.run([sys.executable, str(HERE / "decoding_memory.py")], capture_output=True, text=True, check=True)
+    d = json.loads(p.stdout.strip().splitlines()[-1])
+    gb = 1e9
+    print(f"\n== Retrieval at 8K: {d['haystacks']} haystacks of 8,192 tokens, int4 through the CLI ({d['summary']})")
+    print(f"  peak resident memory             {d['peak_rss'] / gb:7.2f} GB (model loaded: {d['after_load'] / gb:.2f} GB)")
+    print(f"  one decoding batch (K, V, F32)   {d['batch_bytes'] / gb:7.2f} GB")
+    print(f"  (peak - model) / batch           {(d['peak_rss'] - d['after_load']) / d['batch_bytes']:7.2f}  "
+          "(exact caches, the batch, and the batch growing by one token)")
+    print(f"  prefill (once, shared)           {d['prefill_s']:7.1f} s")
+    print(f"  int4 after it (CLI + answers)    {d['scheme_s']:7.1f} s; exact cache {d['exact_s']:.1f} s")
+    print(f"  a scheme / its own prefill + it  {d['scheme_s'] / (d['prefill_s'] + d['scheme_s']):7.3f}")
 
 
 def sweep_costs(model, ids, tmp: Path, windows: int, rounds: int = 3) -> None:

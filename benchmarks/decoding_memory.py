@@ -1,0 +1,34 @@
+"""Peak memory and prefill saving of pass-key retrieval at the model's full
+context: 5 haystacks of 8,192 tokens (depths 0-100 %), int4 through the real
+CLI. Run alone (make bench starts it in a fresh process) so that the peak
+resident size is this run's own; prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+import resource
+import tempfile
+
+from kvlib.codec import resolve_codec
+from kvlib.models import load_model_and_tokenizer
+from kvlib.retrieval import RetrievalConfig, run_retrieval
+
+
+def main() -> None:
+    model, tok = load_model_and_tokenizer("embedded", device="cpu")
+    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    config = RetrievalConfig(lengths=(8192,))
+    with tempfile.TemporaryDirectory(prefix="kvlib-bench-retrieval-") as tmp:
+        r = run_retrieval(model, tok, [resolve_codec("int4")], tmp, config, "SmolLM2-135M")
+    g = model.config
+    kv_heads = getattr(g, "num_key_value_heads", g.num_attention_heads)
+    head_dim = getattr(g, "head_dim", None) or g.hidden_size // g.num_attention_heads
+    batch = 2 * g.num_hidden_layers * kv_heads * head_dim * 4 * 8192 * config.cells_per_length  # float32 K and V
+    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "after_load": loaded,
+                      "batch_bytes": batch, "haystacks": config.cells_per_length, "summary": r.summary(),
+                      "prefill_s": r.timing["prefill_s"], "exact_s": r.exact.seconds,
+                      "scheme_s": r.schemes[0].seconds}))
+
+
+if __name__ == "__main__":
+    main()
