@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                                 lossless=args.lossless) for x in specs or [None]]
         codec = codecs[0]
         checks = decoding_checks(args)
+        if args.quick_test and (checks.retrieval or checks.agreement):
+            raise ValueError("--retrieval and --generation need a model: they do not run with --quick-test")
         if args.json:
             check_output_path(args.json)
         if not args.quick_test:

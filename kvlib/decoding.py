@@ -16,7 +16,8 @@ import torch
 
 from kvlib.agreement import AgreementConfig, AgreementResult, prompt_starts, run_agreement
 from kvlib.codec import CodecConfig
-from kvlib.retrieval import RetrievalConfig, RetrievalResult, build_haystacks, run_retrieval
+from kvlib.retrieval import (RetrievalConfig, RetrievalResult, build_haystacks, lengths_within, model_context,
+                             run_retrieval)
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,12 @@ class DecodingChecks:
         a = AgreementConfig(**given) if generation or given else None
         return cls(r, a)
 
-    def check_inputs(self, tokenizer: Any, num_tokens: int, corpus_name: str) -> None:
-        """Build the haystacks and place the prompts now, so a grid that cannot
+    def check_inputs(self, model: Any, tokenizer: Any, num_tokens: int, corpus_name: str) -> None:
+        """Build the haystacks (of the lengths the model's context holds, the
+        ones that will run) and place the prompts now, so a grid that cannot
         fit fails before the slow part (ValueError naming the parameter)."""
         if self.retrieval is not None:
-            build_haystacks(tokenizer, self.retrieval)
+            build_haystacks(tokenizer, self.retrieval, lengths_within(self.retrieval, model_context(model)))
         if self.agreement is not None:
             prompt_starts(num_tokens, self.agreement, corpus_name)
 

@@ -215,6 +215,21 @@ def key_found(key: str, answer: str) -> bool:
     return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", answer) is not None
 
 
+def model_context(model: Any) -> int | None:
+    """The model's context length, None when its config does not say."""
+    n = getattr(model.config, "max_position_embeddings", None)
+    return int(n) if n else None
+
+
+def lengths_within(config: RetrievalConfig, max_context: int | None) -> tuple[int, ...]:
+    """The grid's lengths that fit the model's context (all when it is unknown);
+    ValueError when none does."""
+    lengths = tuple(n for n in config.lengths if max_context is None or n <= max_context)
+    if not lengths:
+        raise ValueError(f"every retrieval length {config.lengths} exceeds the model's context ({max_context})")
+    return lengths
+
+
 def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: str | os.PathLike,
                   config: RetrievalConfig = RetrievalConfig(), model_name: str = "unknown", peers: bool = False,
                   max_context: int | None = None, transforms: dict[str, Any] | None = None,
@@ -223,10 +238,7 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
     model's, left out), prefilled once, answered by the exact cache and by each
     codec's (and the peer's) reconstruction through the real CLI. ``transforms``
     replaces the codecs (tests pass an identity)."""
-    max_context = max_context or int(getattr(model.config, "max_position_embeddings", 0) or max(config.lengths))
-    lengths = tuple(n for n in config.lengths if n <= max_context)
-    if not lengths:
-        raise ValueError(f"every retrieval length {config.lengths} exceeds the model's context ({max_context})")
+    lengths = lengths_within(config, max_context or model_context(model))
     haystacks = build_haystacks(tokenizer, config, lengths)
     missing = None
     if transforms is None:

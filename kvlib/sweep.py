@@ -260,7 +260,7 @@ def run_sweep(
     ids = corpus.tokenize(tok, text)
     L = context_length or models.context_length(lm)
     check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
-    checks.check_inputs(tok, ids.shape[1], text.name)
+    checks.check_inputs(lm, tok, ids.shape[1], text.name)
     names = ", ".join(c.name for c in resolved) + (" + the transformers QuantizedCache peer" if peers else "")
     say(f"Scoring {names} on {text.name} ({ids.shape[1]} tokens, window {L}, stride {stride})...")
     t0 = time.perf_counter()

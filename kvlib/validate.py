@@ -206,7 +206,7 @@ def run_full_validation(
         check_sample_roundtrip(lm, tok, ids, codec, Path(workdir), name, device, verbose)
         L = context_length or models.context_length(lm)
         check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
-        checks.check_inputs(tok, ids.shape[1], text.name)
+        checks.check_inputs(lm, tok, ids.shape[1], text.name)
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
                       f"({ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")

@@ -103,6 +103,17 @@ def test_lengths_beyond_the_model_context_are_left_out(smol, tmp_path):
     assert r.summary().endswith("(lengths 100000 left out: beyond the model's context)")
 
 
+def test_a_huge_length_is_capped_before_anything_is_built(smol):
+    """A length far past the model's context is never tokenized into a haystack (10^12 tokens would not fit in
+    memory): the early check builds only what will run, and fails at once when nothing fits."""
+    lm, tok = smol
+    DecodingChecks(RetrievalConfig(lengths=(256, 10**12), depths=(0.5,))).check_inputs(lm, tok, 10**6, "c")
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        DecodingChecks(RetrievalConfig(lengths=(10**12,))).check_inputs(lm, tok, 10**6, "c")
+    with pytest.raises(ValueError, match="too short for 2 agreement prompts"):
+        DecodingChecks(agreement=AgreementConfig(prompts=2, context_tokens=10**12)).check_inputs(lm, tok, 10**6, "c")
+
+
 def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, cli):
     lm, tok = smol
     r = run_retrieval(lm, tok, [resolve_codec("int8"), resolve_codec("kivi2")], tmp_path, TINY_R, "smol")
@@ -188,6 +199,7 @@ def test_report_figures_state_their_numbers(smol, tmp_path):
     (["--retrieval-lengths", "abc"], "lengths 'abc'"),
     (["--generation-prompts", "0"], "prompts 0"),
     (["--generation-tokens", "0"], "new_tokens 0"),
+    (["--quick-test", "--retrieval"], "need a model"),
 ])
 def test_cli_rejects_bad_checks_before_loading(args, msg, cli):
     p = subprocess.run([sys.executable, "-m", "kvlib", *args], capture_output=True, text=True, timeout=60)
