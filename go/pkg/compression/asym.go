@@ -2,7 +2,6 @@ package compression
 
 import (
 	"fmt"
-	"math"
 
 	"kvlib/pkg/safetensors"
 )
@@ -17,12 +16,8 @@ import (
 // all in float32. A NaN or Inf in x is ErrNotFinite; m or s beyond FP16 is
 // ErrScaleOverflow.
 func QuantizeGroupAsym(x []float32, bits int, codes []int8) (scale, zero uint16, err error) {
-	lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
-	for _, v := range x {
-		lo = min(lo, v)
-		hi = max(hi, v)
-	}
-	if len(x) > 0 && (lo != lo || hi != hi || math.IsInf(float64(lo), 0) || math.IsInf(float64(hi), 0)) {
+	lo, hi, abits := minMax(x)
+	if abits >= 0x7f800000 { // Inf's bits and above: Inf or NaN
 		return 0, 0, ErrNotFinite
 	}
 	if len(x) == 0 {
@@ -42,12 +37,7 @@ func QuantizeGroupAsym(x []float32, bits int, codes []int8) (scale, zero uint16,
 		}
 		return scale, zero, nil
 	}
-	for i, v := range x {
-		// Clamp before rounding: the bounds are integers, so the order does
-		// not change the result, and the magic-number rounding stays exact.
-		r := min(max((v-m)/s, 0), qmax)
-		codes[i] = int8(uint8((r + roundMagic) - roundMagic))
-	}
+	quantAsym(codes, x, m, s, qmax)
 	return scale, zero, nil
 }
 
@@ -59,8 +49,5 @@ func DequantizeGroupAsym(dst []float32, codes []int8, bits int, scale, zero uint
 	if bits == 8 {
 		mask = 0xff
 	}
-	for i, q := range codes[:len(dst)] {
-		// The conversion rounds the product first: no fused multiply-add.
-		dst[i] = float32(float32(uint8(q)&mask)*s) + m
-	}
+	dequantAsym(dst, codes, mask, s, m)
 }

@@ -72,46 +72,33 @@ type Accumulator struct {
 	Hist     [HistBins]int64
 }
 
-// Add accumulates the pairs (x[i], y[i]). The sums run in element order;
-// the histogram counts pairs of elements into two tables, so that two
-// neighbours in the same bin do not wait on each other's increment.
+// Add accumulates the pairs (x[i], y[i]). Whole blocks of 8 pairs are
+// summed in 8 lanes (see laneSums), the rest in element order after them;
+// every sum is of float64 products of float32 values, so the order only
+// moves the last bits. The error's bin and maximum are those of the float32
+// difference y - x.
 func (a *Accumulator) Add(x, y []float32) {
 	y = y[:len(x)]
-	var sx2, sy2, sxy, se2 float64
-	var maxe uint32 // bits of the largest |e|, compared as integers (branch-free)
-	var h2 [HistBins]int64
-	h1 := &a.Hist
-	n := len(x) &^ 1
-	for i := 0; i < n; i += 2 {
-		x0, y0, x1, y1 := float64(x[i]), float64(y[i]), float64(x[i+1]), float64(y[i+1])
-		e0, e1 := y0-x0, y1-x1 // exact: both are float32
-		sx2 += x0 * x0
-		sy2 += y0 * y0
-		sxy += x0 * y0
-		se2 += e0 * e0
-		sx2 += x1 * x1
-		sy2 += y1 * y1
-		sxy += x1 * y1
-		se2 += e1 * e1
-		a0 := math.Float32bits(float32(e0)) & 0x7fffffff
-		a1 := math.Float32bits(float32(e1)) & 0x7fffffff
-		maxe = max(maxe, a0, a1)
-		h1[histBin(a0)]++
-		h2[histBin(a1)]++
-	}
-	if n < len(x) {
-		xf, yf := float64(x[n]), float64(y[n])
+	n := len(x) &^ (simdBlock - 1)
+	var ls laneSums
+	var ht histTables
+	maxe := addBlocks(&ls, &ht, x[:n], y[:n])
+	sx2, sy2, sxy, se2 := fold(&ls.x2), fold(&ls.y2), fold(&ls.xy), fold(&ls.e2)
+	for i := n; i < len(x); i++ {
+		xf, yf := float64(x[i]), float64(y[i])
 		e := yf - xf
-		sx2 += xf * xf
-		sy2 += yf * yf
-		sxy += xf * yf
-		se2 += e * e
-		ae := math.Float32bits(float32(e)) & 0x7fffffff
+		sx2 += float64(xf * xf)
+		sy2 += float64(yf * yf)
+		sxy += float64(xf * yf)
+		se2 += float64(e * e)
+		ae := math.Float32bits(y[i]-x[i]) & 0x7fffffff
 		maxe = max(maxe, ae)
-		h1[histBin(ae)]++
+		ht[0][histBin(ae)]++
 	}
-	for i, c := range h2 {
-		h1[i] += c
+	for _, t := range &ht {
+		for i, c := range t {
+			a.Hist[i] += c
+		}
 	}
 	a.N += int64(len(x))
 	a.SumX2 += sx2

@@ -15,13 +15,10 @@ func Pack(dst []byte, codes []int8, bits int) {
 		}
 		return
 	case 4:
-		n := len(codes) &^ 1
-		for i := 0; i < n; i += 2 {
-			dst[i/2] = byte(codes[i])&0x0f | byte(codes[i+1])<<4
-		}
-		if n < len(codes) {
-			dst[n/2] = byte(codes[n]) & 0x0f
-		}
+		pack4(dst, codes)
+		return
+	case 2:
+		pack2(dst, codes)
 		return
 	}
 	mask := uint32(1)<<bits - 1

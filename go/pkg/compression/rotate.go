@@ -21,28 +21,18 @@ func isPow2(d int) bool { return d > 0 && d&(d-1) == 0 }
 // (len(x) a multiple of d, d a power of two). Butterflies within a stage
 // are independent, so any order inside a stage gives the same bits.
 func RotateRows(x []float32, d int) {
-	c := hadamardScale(d)
-	for r := 0; r+d <= len(x); r += d {
-		v := x[r : r+d : r+d]
-		h := 1
-		if d >= 8 { // stages h = 1, 2, 4 on 8 values held in registers
-			for i := 0; i+8 <= d; i += 8 {
-				butterfly8((*[8]float32)(v[i : i+8]))
-			}
-			h = 8
-		}
-		for ; h < d; h *= 2 {
-			for i := 0; i < d; i += 2 * h {
-				a, b := v[i:i+h:i+h], v[i+h:i+2*h:i+2*h]
-				for j := range a {
-					a[j], b[j] = a[j]+b[j], a[j]-b[j]
-				}
-			}
-		}
-		for j := range v {
-			v[j] *= c
-		}
+	x = x[:len(x)/d*d]
+	h := 1
+	if d >= 8 { // stages h = 1, 2, 4 on 8 values held in registers
+		hadamard8(x)
+		h = 8
 	}
+	// A stage's blocks of 2h never straddle two rows (2h <= d), so each
+	// stage runs over all rows at once.
+	for ; h < d; h *= 2 {
+		hadamardStage(x, h)
+	}
+	scale(x, hadamardScale(d))
 }
 
 // butterfly8 is the stages h = 1, 2 and 4 of the transform on 8 values.

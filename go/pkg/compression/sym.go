@@ -22,14 +22,8 @@ const roundMagic = float32(1 << 23 * 1.5)
 // returns the FP16 bits of its scale. A NaN or Inf in x is ErrNotFinite.
 func QuantizeGroup(x []float32, bits int, codes []int8) (uint16, error) {
 	iqmax := int32(1)<<(bits-1) - 1
-	iqmin := -iqmax - 1
 	qmax := float32(iqmax)
-	// max |x| on the bits: for non-negative floats the bit patterns order
-	// like the values, and integer max is branch-free (signs are random).
-	var abits uint32
-	for _, v := range x {
-		abits = max(abits, math.Float32bits(v)&0x7fffffff)
-	}
+	abits := absMaxBits(x)
 	if abits >= 0x7f800000 { // Inf's bits and above: Inf or NaN
 		return 0, ErrNotFinite
 	}
@@ -46,18 +40,12 @@ func QuantizeGroup(x []float32, bits int, codes []int8) (uint16, error) {
 		}
 		return h, nil
 	}
-	for i, v := range x {
-		// |v/s| <= qmax * (scale/s) stays far below 2^22, where roundMagic is exact.
-		q := int32((v/s + roundMagic) - roundMagic)
-		codes[i] = int8(min(max(q, iqmin), iqmax)) // integer clamp: branch-free
-	}
+	// |v/s| <= qmax * (scale/s) stays far below 2^22, where roundMagic is exact.
+	quantSym(codes, x, s, iqmax)
 	return h, nil
 }
 
 // DequantizeGroup writes codes * s into dst.
 func DequantizeGroup(dst []float32, codes []int8, scale uint16) {
-	s := safetensors.FP16ToFloat32(scale)
-	for i, q := range codes[:len(dst)] {
-		dst[i] = float32(q) * s
-	}
+	dequantSym(dst, codes, safetensors.FP16ToFloat32(scale))
 }

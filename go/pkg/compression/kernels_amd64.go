@@ -1,0 +1,57 @@
+package compression
+
+// haveSIMD reports AVX2 on the CPU and its registers enabled by the OS.
+var haveSIMD = func() bool {
+	maxLeaf, _, _, _ := cpuid(0, 0)
+	if maxLeaf < 7 {
+		return false
+	}
+	_, _, c, _ := cpuid(1, 0)
+	const osxsave, avx = 1 << 27, 1 << 28
+	if c&osxsave == 0 || c&avx == 0 || xgetbv0()&6 != 6 { // XMM and YMM state
+		return false
+	}
+	_, b, _, _ := cpuid(7, 0)
+	return b&(1<<5) != 0 // AVX2
+}()
+
+func cpuid(leaf, sub uint32) (a, b, c, d uint32)
+func xgetbv0() uint32
+
+// The assembly kernels (kernels_amd64.s); see their Go versions in kernels.go.
+
+//go:noescape
+func absMaxBitsAVX2(x []float32) uint32
+
+//go:noescape
+func quantSymAVX2(codes []int8, x []float32, s float32, qmax int32)
+
+//go:noescape
+func dequantSymAVX2(dst []float32, codes []int8, s float32)
+
+//go:noescape
+func minMaxAVX2(x []float32) (lo, hi int32, abits uint32)
+
+//go:noescape
+func quantAsymAVX2(codes []int8, x []float32, m, s, qmax float32)
+
+//go:noescape
+func dequantAsymAVX2(dst []float32, codes []int8, mask int32, s, m float32)
+
+//go:noescape
+func addBlocksAVX2(x, y []float32, s *laneSums, h *histTables) uint32
+
+//go:noescape
+func pack4AVX2(dst []byte, codes []int8)
+
+//go:noescape
+func pack2AVX2(dst []byte, codes []int8)
+
+//go:noescape
+func hadamard8AVX2(x []float32)
+
+//go:noescape
+func hadamardStageAVX2(x []float32, h int)
+
+//go:noescape
+func scaleAVX2(x []float32, c float32)

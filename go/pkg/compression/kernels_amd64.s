@@ -1,0 +1,545 @@
+// AVX2 versions of the kernels in kernels.go, 8 float32 values a step.
+// Each computes exactly what its Go version does: the same IEEE operations
+// in the same order per element (vector lanes are independent), so the
+// results are bit-identical. The callers pass whole blocks of 8 (32 codes
+// for the packers).
+
+#include "textflag.h"
+
+DATA absmask<>+0(SB)/8, $0x7fffffff7fffffff
+DATA absmask<>+8(SB)/8, $0x7fffffff7fffffff
+DATA absmask<>+16(SB)/8, $0x7fffffff7fffffff
+DATA absmask<>+24(SB)/8, $0x7fffffff7fffffff
+GLOBL absmask<>(SB), RODATA|NOPTR, $32
+
+// The histogram bin of |e| is clamp((bits>>23) - 106, 0, 28): 106 is
+// 127 + HistMinExp - 1, 28 is HistBins - 1. The subtraction saturates at
+// 0 on the low 16 bits of each 32 (the high 16 are 0).
+DATA histbias<>+0(SB)/8, $0x0000006a0000006a
+DATA histbias<>+8(SB)/8, $0x0000006a0000006a
+DATA histbias<>+16(SB)/8, $0x0000006a0000006a
+DATA histbias<>+24(SB)/8, $0x0000006a0000006a
+GLOBL histbias<>(SB), RODATA|NOPTR, $32
+
+DATA histtop<>+0(SB)/8, $0x0000001c0000001c
+DATA histtop<>+8(SB)/8, $0x0000001c0000001c
+DATA histtop<>+16(SB)/8, $0x0000001c0000001c
+DATA histtop<>+24(SB)/8, $0x0000001c0000001c
+GLOBL histtop<>(SB), RODATA|NOPTR, $32
+
+DATA nibble<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA nibble<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA nibble<>+16(SB)/8, $0x0f0f0f0f0f0f0f0f
+DATA nibble<>+24(SB)/8, $0x0f0f0f0f0f0f0f0f
+GLOBL nibble<>(SB), RODATA|NOPTR, $32
+
+DATA crumb<>+0(SB)/8, $0x0303030303030303
+DATA crumb<>+8(SB)/8, $0x0303030303030303
+DATA crumb<>+16(SB)/8, $0x0303030303030303
+DATA crumb<>+24(SB)/8, $0x0303030303030303
+GLOBL crumb<>(SB), RODATA|NOPTR, $32
+
+// Byte multipliers 1, 16 (pairs of nibbles into a byte).
+DATA mul16<>+0(SB)/8, $0x1001100110011001
+DATA mul16<>+8(SB)/8, $0x1001100110011001
+DATA mul16<>+16(SB)/8, $0x1001100110011001
+DATA mul16<>+24(SB)/8, $0x1001100110011001
+GLOBL mul16<>(SB), RODATA|NOPTR, $32
+
+// Byte multipliers 1, 4 and then word multipliers 1, 16 (four crumbs into a byte).
+DATA mul4<>+0(SB)/8, $0x0401040104010401
+DATA mul4<>+8(SB)/8, $0x0401040104010401
+DATA mul4<>+16(SB)/8, $0x0401040104010401
+DATA mul4<>+24(SB)/8, $0x0401040104010401
+GLOBL mul4<>(SB), RODATA|NOPTR, $32
+
+DATA wmul16<>+0(SB)/8, $0x0010000100100001
+DATA wmul16<>+8(SB)/8, $0x0010000100100001
+DATA wmul16<>+16(SB)/8, $0x0010000100100001
+DATA wmul16<>+24(SB)/8, $0x0010000100100001
+GLOBL wmul16<>(SB), RODATA|NOPTR, $32
+
+// func cpuid(leaf, sub uint32) (a, b, c, d uint32)
+TEXT ·cpuid(SB), NOSPLIT, $0-24
+	MOVL leaf+0(FP), AX
+	MOVL sub+4(FP), CX
+	CPUID
+	MOVL AX, a+8(FP)
+	MOVL BX, b+12(FP)
+	MOVL CX, c+16(FP)
+	MOVL DX, d+20(FP)
+	RET
+
+// func xgetbv0() uint32
+TEXT ·xgetbv0(SB), NOSPLIT, $0-4
+	MOVL $0, CX
+	XGETBV
+	MOVL AX, ret+0(FP)
+	RET
+
+// func absMaxBitsAVX2(x []float32) uint32
+TEXT ·absMaxBitsAVX2(SB), NOSPLIT, $0-28
+	MOVQ x_base+0(FP), SI
+	MOVQ x_len+8(FP), CX
+	SHRQ $3, CX
+	VPXOR Y0, Y0, Y0
+	VMOVDQU absmask<>(SB), Y7
+
+absmax_loop:
+	TESTQ CX, CX
+	JZ    absmax_done
+	VPAND   (SI), Y7, Y1
+	VPMAXUD Y1, Y0, Y0
+	ADDQ    $32, SI
+	DECQ    CX
+	JMP     absmax_loop
+
+absmax_done:
+	VEXTRACTI128 $1, Y0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUD      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUD      X1, X0, X0
+	VMOVD        X0, AX
+	MOVL        AX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func quantSymAVX2(codes []int8, x []float32, s float32, qmax int32)
+TEXT ·quantSymAVX2(SB), NOSPLIT, $0-56
+	MOVQ         codes_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	MOVQ         x_len+32(FP), CX
+	SHRQ         $3, CX
+	VBROADCASTSS s+48(FP), Y1
+	MOVL qmax+52(FP), AX
+	VMOVD AX, X2
+	VPBROADCASTD X2, Y2
+	VPCMPEQD     Y3, Y3, Y3
+	VPXOR        Y2, Y3, Y3     // -qmax-1
+	MOVL         $0x4b400000, AX // roundMagic, 1.5 * 2^23
+	VMOVD        AX, X4
+	VPBROADCASTD X4, Y4
+
+qsym_loop:
+	TESTQ CX, CX
+	JZ    qsym_done
+	VMOVUPS      (SI), Y0
+	VDIVPS       Y1, Y0, Y0
+	VADDPS       Y4, Y0, Y0
+	VSUBPS       Y4, Y0, Y0
+	VCVTTPS2DQ   Y0, Y0
+	VPMAXSD      Y3, Y0, Y0
+	VPMINSD      Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X5
+	VPACKSSDW    X5, X0, X0
+	VPACKSSWB    X0, X0, X0
+	VMOVQ        X0, (DI)
+	ADDQ         $32, SI
+	ADDQ         $8, DI
+	DECQ         CX
+	JMP          qsym_loop
+
+qsym_done:
+	VZEROUPPER
+	RET
+
+// func dequantSymAVX2(dst []float32, codes []int8, s float32)
+TEXT ·dequantSymAVX2(SB), NOSPLIT, $0-52
+	MOVQ         dst_base+0(FP), DI
+	MOVQ         dst_len+8(FP), CX
+	MOVQ         codes_base+24(FP), SI
+	SHRQ         $3, CX
+	VBROADCASTSS s+48(FP), Y1
+
+dqsym_loop:
+	TESTQ CX, CX
+	JZ    dqsym_done
+	VPMOVSXBD (SI), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    Y1, Y0, Y0
+	VMOVUPS   Y0, (DI)
+	ADDQ      $8, SI
+	ADDQ      $32, DI
+	DECQ      CX
+	JMP       dqsym_loop
+
+dqsym_done:
+	VZEROUPPER
+	RET
+
+// Order keys (see orderKey): k = b ^ ((b >> 31, arithmetic) >> 1, logical).
+
+// func minMaxAVX2(x []float32) (lo, hi int32, abits uint32)
+TEXT ·minMaxAVX2(SB), NOSPLIT, $0-36
+	MOVQ         x_base+0(FP), SI
+	MOVQ         x_len+8(FP), CX
+	SHRQ         $3, CX
+	VMOVDQU      absmask<>(SB), Y7
+	MOVL         $0x7f800000, AX // orderKey(+Inf)
+	VMOVD        AX, X4
+	VPBROADCASTD X4, Y4
+	MOVL         $0x807fffff, AX // orderKey(-Inf)
+	VMOVD        AX, X5
+	VPBROADCASTD X5, Y5
+	VPXOR        Y6, Y6, Y6
+
+minmax_loop:
+	TESTQ CX, CX
+	JZ    minmax_done
+	VMOVDQU (SI), Y0
+	VPAND   Y7, Y0, Y1
+	VPMAXUD Y1, Y6, Y6
+	VPSRAD  $31, Y0, Y1
+	VPSRLD  $1, Y1, Y1
+	VPXOR   Y1, Y0, Y0
+	VPMINSD Y0, Y4, Y4
+	VPMAXSD Y0, Y5, Y5
+	ADDQ    $32, SI
+	DECQ    CX
+	JMP     minmax_loop
+
+minmax_done:
+	VEXTRACTI128 $1, Y4, X1
+	VPMINSD      X1, X4, X4
+	VPSHUFD      $0x4e, X4, X1
+	VPMINSD      X1, X4, X4
+	VPSHUFD      $0xb1, X4, X1
+	VPMINSD      X1, X4, X4
+	VMOVD        X4, AX
+	MOVL        AX, lo+24(FP)
+	VEXTRACTI128 $1, Y5, X1
+	VPMAXSD      X1, X5, X5
+	VPSHUFD      $0x4e, X5, X1
+	VPMAXSD      X1, X5, X5
+	VPSHUFD      $0xb1, X5, X1
+	VPMAXSD      X1, X5, X5
+	VMOVD        X5, AX
+	MOVL        AX, hi+28(FP)
+	VEXTRACTI128 $1, Y6, X1
+	VPMAXUD      X1, X6, X6
+	VPSHUFD      $0x4e, X6, X1
+	VPMAXUD      X1, X6, X6
+	VPSHUFD      $0xb1, X6, X1
+	VPMAXUD      X1, X6, X6
+	VMOVD        X6, AX
+	MOVL        AX, abits+32(FP)
+	VZEROUPPER
+	RET
+
+// func quantAsymAVX2(codes []int8, x []float32, m, s, qmax float32)
+TEXT ·quantAsymAVX2(SB), NOSPLIT, $0-60
+	MOVQ         codes_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	MOVQ         x_len+32(FP), CX
+	SHRQ         $3, CX
+	VBROADCASTSS m+48(FP), Y1
+	VBROADCASTSS s+52(FP), Y2
+	VBROADCASTSS qmax+56(FP), Y3
+	MOVL         $0x4b400000, AX // roundMagic
+	VMOVD        AX, X4
+	VPBROADCASTD X4, Y4
+	VXORPS       Y6, Y6, Y6
+
+qasym_loop:
+	TESTQ CX, CX
+	JZ    qasym_done
+	VMOVUPS      (SI), Y0
+	VSUBPS       Y1, Y0, Y0
+	VDIVPS       Y2, Y0, Y0
+	VMAXPS       Y6, Y0, Y0
+	VMINPS       Y3, Y0, Y0
+	VADDPS       Y4, Y0, Y0
+	VSUBPS       Y4, Y0, Y0
+	VCVTTPS2DQ   Y0, Y0
+	VEXTRACTI128 $1, Y0, X5
+	VPACKSSDW    X5, X0, X0
+	VPACKUSWB    X0, X0, X0
+	VMOVQ        X0, (DI)
+	ADDQ         $32, SI
+	ADDQ         $8, DI
+	DECQ         CX
+	JMP          qasym_loop
+
+qasym_done:
+	VZEROUPPER
+	RET
+
+// func dequantAsymAVX2(dst []float32, codes []int8, mask int32, s, m float32)
+TEXT ·dequantAsymAVX2(SB), NOSPLIT, $0-60
+	MOVQ         dst_base+0(FP), DI
+	MOVQ         dst_len+8(FP), CX
+	MOVQ         codes_base+24(FP), SI
+	SHRQ         $3, CX
+	MOVL mask+48(FP), AX
+	VMOVD AX, X3
+	VPBROADCASTD X3, Y3
+	VBROADCASTSS s+52(FP), Y1
+	VBROADCASTSS m+56(FP), Y2
+
+dqasym_loop:
+	TESTQ CX, CX
+	JZ    dqasym_done
+	VPMOVZXBD (SI), Y0
+	VPAND     Y3, Y0, Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    Y1, Y0, Y0
+	VADDPS    Y2, Y0, Y0
+	VMOVUPS   Y0, (DI)
+	ADDQ      $8, SI
+	ADDQ      $32, DI
+	DECQ      CX
+	JMP       dqasym_loop
+
+dqasym_done:
+	VZEROUPPER
+	RET
+
+// func addBlocksAVX2(x, y []float32, s *laneSums, h *histTables) uint32
+//
+// Lanes: Y8/Y9 Σx² for pairs 0-3/4-7 of each block, Y10/Y11 Σy², Y12/Y13
+// Σxy, Y14/Y15 Σe²; Y6 the largest |e| bits. The 8 bins of a block are
+// stored on the stack and counted one by one, pair k in table k%4.
+TEXT ·addBlocksAVX2(SB), NOSPLIT, $32-68
+	MOVQ   x_base+0(FP), SI
+	MOVQ   x_len+8(FP), CX
+	MOVQ   y_base+24(FP), DI
+	MOVQ   s+48(FP), R8
+	SHRQ   $3, CX
+	VXORPD Y6, Y6, Y6
+	VMOVUPD 0(R8), Y8
+	VMOVUPD 32(R8), Y9
+	VMOVUPD 64(R8), Y10
+	VMOVUPD 96(R8), Y11
+	VMOVUPD 128(R8), Y12
+	VMOVUPD 160(R8), Y13
+	VMOVUPD 192(R8), Y14
+	VMOVUPD 224(R8), Y15
+	MOVQ   h+56(FP), R8
+
+add_loop:
+	TESTQ CX, CX
+	JZ    add_done
+	VMOVUPS  (SI), Y0
+	VMOVUPS  (DI), Y1
+	VSUBPS   Y0, Y1, Y2          // e = y - x in float32
+	VPAND    absmask<>(SB), Y2, Y2
+	VPMAXUD  Y2, Y6, Y6
+	VPSRLD   $23, Y2, Y2
+	VPSUBUSW histbias<>(SB), Y2, Y2
+	VPMINUD  histtop<>(SB), Y2, Y2
+	VMOVDQU  Y2, 0(SP)
+
+	VCVTPS2PD    X0, Y2 // pairs 0-3 in float64
+	VCVTPS2PD    X1, Y3
+	VMULPD       Y2, Y2, Y4
+	VADDPD       Y4, Y8, Y8
+	VMULPD       Y3, Y3, Y4
+	VADDPD       Y4, Y10, Y10
+	VMULPD       Y3, Y2, Y4
+	VADDPD       Y4, Y12, Y12
+	VSUBPD       Y2, Y3, Y4
+	VMULPD       Y4, Y4, Y4
+	VADDPD       Y4, Y14, Y14
+	VEXTRACTF128 $1, Y0, X0
+	VEXTRACTF128 $1, Y1, X1
+	VCVTPS2PD    X0, Y2     // pairs 4-7
+	VCVTPS2PD    X1, Y3
+	VMULPD       Y2, Y2, Y4
+	VADDPD       Y4, Y9, Y9
+	VMULPD       Y3, Y3, Y4
+	VADDPD       Y4, Y11, Y11
+	VMULPD       Y3, Y2, Y4
+	VADDPD       Y4, Y13, Y13
+	VSUBPD       Y2, Y3, Y4
+	VMULPD       Y4, Y4, Y4
+	VADDPD       Y4, Y15, Y15
+
+	MOVL 0(SP), AX
+	MOVL 4(SP), BX
+	MOVL 8(SP), DX
+	MOVL 12(SP), R9
+	INCQ (R8)(AX*8)
+	INCQ 232(R8)(BX*8)
+	INCQ 464(R8)(DX*8)
+	INCQ 696(R8)(R9*8)
+	MOVL 16(SP), AX
+	MOVL 20(SP), BX
+	MOVL 24(SP), DX
+	MOVL 28(SP), R9
+	INCQ (R8)(AX*8)
+	INCQ 232(R8)(BX*8)
+	INCQ 464(R8)(DX*8)
+	INCQ 696(R8)(R9*8)
+
+	ADDQ $32, SI
+	ADDQ $32, DI
+	DECQ CX
+	JMP  add_loop
+
+add_done:
+	MOVQ s+48(FP), R8
+	VMOVUPD Y8, 0(R8)
+	VMOVUPD Y9, 32(R8)
+	VMOVUPD Y10, 64(R8)
+	VMOVUPD Y11, 96(R8)
+	VMOVUPD Y12, 128(R8)
+	VMOVUPD Y13, 160(R8)
+	VMOVUPD Y14, 192(R8)
+	VMOVUPD Y15, 224(R8)
+	VEXTRACTI128 $1, Y6, X1
+	VPMAXUD      X1, X6, X6
+	VPSHUFD      $0x4e, X6, X1
+	VPMAXUD      X1, X6, X6
+	VPSHUFD      $0xb1, X6, X1
+	VPMAXUD      X1, X6, X6
+	VMOVD        X6, AX
+	MOVL        AX, ret+64(FP)
+	VZEROUPPER
+	RET
+
+// func pack4AVX2(dst []byte, codes []int8)
+TEXT ·pack4AVX2(SB), NOSPLIT, $0-48
+	MOVQ    dst_base+0(FP), DI
+	MOVQ    codes_base+24(FP), SI
+	MOVQ    codes_len+32(FP), CX
+	SHRQ    $5, CX
+	VMOVDQU nibble<>(SB), Y6
+	VMOVDQU mul16<>(SB), Y7
+
+pack4_loop:
+	TESTQ CX, CX
+	JZ    pack4_done
+	VPAND        (SI), Y6, Y0
+	VPMADDUBSW   Y7, Y0, Y0 // c[2i] + 16 c[2i+1] as words
+	VEXTRACTI128 $1, Y0, X1
+	VPACKUSWB    X1, X0, X0
+	VMOVDQU      X0, (DI)
+	ADDQ         $32, SI
+	ADDQ         $16, DI
+	DECQ         CX
+	JMP          pack4_loop
+
+pack4_done:
+	VZEROUPPER
+	RET
+
+// func pack2AVX2(dst []byte, codes []int8)
+TEXT ·pack2AVX2(SB), NOSPLIT, $0-48
+	MOVQ    dst_base+0(FP), DI
+	MOVQ    codes_base+24(FP), SI
+	MOVQ    codes_len+32(FP), CX
+	SHRQ    $5, CX
+	VMOVDQU crumb<>(SB), Y5
+	VMOVDQU mul4<>(SB), Y6
+	VMOVDQU wmul16<>(SB), Y7
+
+pack2_loop:
+	TESTQ CX, CX
+	JZ    pack2_done
+	VPAND        (SI), Y5, Y0
+	VPMADDUBSW   Y6, Y0, Y0 // c[2i] + 4 c[2i+1] as words
+	VPMADDWD     Y7, Y0, Y0 // w[2i] + 16 w[2i+1] as dwords
+	VEXTRACTI128 $1, Y0, X1
+	VPACKUSDW    X1, X0, X0
+	VPACKUSWB    X0, X0, X0
+	VMOVQ        X0, (DI)
+	ADDQ         $32, SI
+	ADDQ         $8, DI
+	DECQ         CX
+	JMP          pack2_loop
+
+pack2_done:
+	VZEROUPPER
+	RET
+
+// func hadamard8AVX2(x []float32)
+//
+// Stage h: lanes j with bit h clear take v[j] + v[j^h], the others
+// v[j^h] - v[j], which is the pair's (a + b, a - b).
+TEXT ·hadamard8AVX2(SB), NOSPLIT, $0-24
+	MOVQ x_base+0(FP), SI
+	MOVQ x_len+8(FP), CX
+	SHRQ $3, CX
+
+h8_loop:
+	TESTQ CX, CX
+	JZ    h8_done
+	VMOVUPS    (SI), Y0
+	VPERMILPS  $0xb1, Y0, Y1 // h = 1
+	VADDPS     Y1, Y0, Y2
+	VSUBPS     Y0, Y1, Y3
+	VBLENDPS   $0xaa, Y3, Y2, Y0
+	VPERMILPS  $0x4e, Y0, Y1 // h = 2
+	VADDPS     Y1, Y0, Y2
+	VSUBPS     Y0, Y1, Y3
+	VBLENDPS   $0xcc, Y3, Y2, Y0
+	VPERM2F128 $0x01, Y0, Y0, Y1 // h = 4
+	VADDPS     Y1, Y0, Y2
+	VSUBPS     Y0, Y1, Y3
+	VBLENDPS   $0xf0, Y3, Y2, Y0
+	VMOVUPS    Y0, (SI)
+	ADDQ       $32, SI
+	DECQ       CX
+	JMP        h8_loop
+
+h8_done:
+	VZEROUPPER
+	RET
+
+// func hadamardStageAVX2(x []float32, h int)
+TEXT ·hadamardStageAVX2(SB), NOSPLIT, $0-32
+	MOVQ x_base+0(FP), SI
+	MOVQ x_len+8(FP), CX
+	MOVQ h+24(FP), DX
+	SHLQ $2, DX          // h in bytes
+	LEAQ (SI)(CX*4), R9  // end of x
+	LEAQ (DX)(DX*1), R10 // 2h in bytes
+
+hs_block:
+	LEAQ (SI)(R10*1), R11 // end of this block of 2h
+	CMPQ R11, R9
+	JA   hs_done
+	MOVQ SI, R12
+	LEAQ (SI)(DX*1), R13 // end of the first half
+
+hs_inner:
+	CMPQ    R12, R13
+	JAE     hs_next
+	VMOVUPS (R12), Y0
+	VMOVUPS (R12)(DX*1), Y1
+	VADDPS  Y1, Y0, Y2
+	VSUBPS  Y1, Y0, Y3
+	VMOVUPS Y2, (R12)
+	VMOVUPS Y3, (R12)(DX*1)
+	ADDQ    $32, R12
+	JMP     hs_inner
+
+hs_next:
+	MOVQ R11, SI
+	JMP  hs_block
+
+hs_done:
+	VZEROUPPER
+	RET
+
+// func scaleAVX2(x []float32, c float32)
+TEXT ·scaleAVX2(SB), NOSPLIT, $0-28
+	MOVQ         x_base+0(FP), SI
+	MOVQ         x_len+8(FP), CX
+	SHRQ         $3, CX
+	VBROADCASTSS c+24(FP), Y1
+
+scale_loop:
+	TESTQ CX, CX
+	JZ    scale_done
+	VMULPS  (SI), Y1, Y0
+	VMOVUPS Y0, (SI)
+	ADDQ    $32, SI
+	DECQ    CX
+	JMP     scale_loop
+
+scale_done:
+	VZEROUPPER
+	RET

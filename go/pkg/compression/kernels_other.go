@@ -1,0 +1,25 @@
+//go:build !amd64
+
+package compression
+
+// haveSIMD is false: the portable kernels run everywhere but amd64, and
+// the assembly entry points below are never called.
+const haveSIMD = false
+
+func noSIMD() { panic("compression: no SIMD kernels on this architecture") }
+
+func absMaxBitsAVX2([]float32) uint32                            { noSIMD(); return 0 }
+func quantSymAVX2([]int8, []float32, float32, int32)             { noSIMD() }
+func dequantSymAVX2([]float32, []int8, float32)                  { noSIMD() }
+func minMaxAVX2([]float32) (int32, int32, uint32)                { noSIMD(); return 0, 0, 0 }
+func quantAsymAVX2([]int8, []float32, float32, float32, float32) { noSIMD() }
+func dequantAsymAVX2([]float32, []int8, int32, float32, float32) { noSIMD() }
+func addBlocksAVX2([]float32, []float32, *laneSums, *histTables) uint32 {
+	noSIMD()
+	return 0
+}
+func pack4AVX2([]byte, []int8)         { noSIMD() }
+func pack2AVX2([]byte, []int8)         { noSIMD() }
+func hadamard8AVX2([]float32)          { noSIMD() }
+func hadamardStageAVX2([]float32, int) { noSIMD() }
+func scaleAVX2([]float32, float32)     { noSIMD() }

@@ -1,0 +1,321 @@
+package compression
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand"
+	"slices"
+	"testing"
+
+	"kvlib/pkg/safetensors"
+)
+
+// withPortable runs fn with the assembly kernels switched off.
+func withPortable(fn func()) {
+	saved := useSIMD
+	useSIMD = false
+	defer func() { useSIMD = saved }()
+	fn()
+}
+
+func needSIMD(t testing.TB) {
+	t.Helper()
+	if !haveSIMD {
+		t.Skip("no AVX2 on this CPU: only the portable kernels run")
+	}
+}
+
+// kernelInputs are float32 vectors of every length 0..70 and some longer,
+// drawn from normal values, with ties at half steps, zeros of both signs,
+// subnormals and values at float32's limits mixed in.
+func kernelInputs(seed int64) [][]float32 {
+	r := rand.New(rand.NewSource(seed))
+	special := []float32{0, float32(math.Copysign(0, -1)), 0.5, -0.5, 1.5, -2.5, 0x1p-149, -0x1p-149, 0x1p-126,
+		math.MaxFloat32, -math.MaxFloat32, 65504, -65504, 7.5, -8.5}
+	var out [][]float32
+	for _, n := range append(rangeInts(0, 71), 127, 128, 129, 1000, 4099) {
+		x := make([]float32, n)
+		for i := range x {
+			switch r.Intn(6) {
+			case 0:
+				x[i] = special[r.Intn(len(special))]
+			case 1:
+				x[i] = float32(r.Intn(33)-16) * 0.5 // halves: rounding ties
+			default:
+				x[i] = float32(r.NormFloat64() * math.Pow(2, float64(r.Intn(20)-10)))
+			}
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+func rangeInts(lo, hi int) []int {
+	var v []int
+	for i := lo; i < hi; i++ {
+		v = append(v, i)
+	}
+	return v
+}
+
+func codesFor(r *rand.Rand, n, bits int) []int8 {
+	c := make([]int8, n)
+	for i := range c {
+		c[i] = int8(r.Intn(1<<bits) - 1<<(bits-1))
+	}
+	return c
+}
+
+func sameBits(a, b []float32) bool {
+	return slices.EqualFunc(a, b, func(p, q float32) bool { return math.Float32bits(p) == math.Float32bits(q) })
+}
+
+// TestKernelsMatchPortable checks every assembly kernel bit for bit
+// against its Go version, including the tails the Go version finishes.
+func TestKernelsMatchPortable(t *testing.T) {
+	needSIMD(t)
+	type run func(x []float32, r *rand.Rand) string // the kernel's whole output, printed exactly
+	bitsOf := func(v []float32) string {
+		b := make([]uint32, len(v))
+		for i := range v {
+			b[i] = math.Float32bits(v[i])
+		}
+		return fmt.Sprint(b)
+	}
+	scales := []float32{1, 0.37, 0x1p-24, 3e-5, 1e4}
+	kernels := map[string]run{
+		"absMaxBits": func(x []float32, r *rand.Rand) string { return fmt.Sprint(absMaxBits(x)) },
+		"minMax": func(x []float32, r *rand.Rand) string {
+			lo, hi, ab := minMax(x)
+			return fmt.Sprint(math.Float32bits(lo), math.Float32bits(hi), ab)
+		},
+		"quantSym": func(x []float32, r *rand.Rand) string {
+			var s string
+			for bits := 2; bits <= 8; bits++ {
+				for _, sc := range scales {
+					c := make([]int8, len(x))
+					quantSym(c, x, sc, int32(1)<<(bits-1)-1)
+					s += fmt.Sprint(c)
+				}
+			}
+			return s
+		},
+		"quantAsym": func(x []float32, r *rand.Rand) string {
+			var s string
+			for bits := 2; bits <= 8; bits++ {
+				for _, sc := range scales {
+					c := make([]int8, len(x))
+					quantAsym(c, x, -0.75, sc, float32(int(1)<<bits-1))
+					s += fmt.Sprint(c)
+				}
+			}
+			return s
+		},
+		"dequant": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, bits := range []int{2, 4, 8} {
+				c := codesFor(r, len(x), bits)
+				y := make([]float32, len(x))
+				dequantSym(y, c, 0.0371)
+				s += bitsOf(y)
+				dequantAsym(y, c, uint8(1<<bits-1), 0.0371, -1.25)
+				s += bitsOf(y)
+			}
+			return s
+		},
+		"Accumulator.Add": func(x []float32, r *rand.Rand) string {
+			y := make([]float32, len(x))
+			for i := range y {
+				y[i] = x[i] + float32(r.NormFloat64()*0.01)
+				if i%7 == 0 {
+					y[i] = x[i] // no error: bin 0
+				}
+			}
+			var a Accumulator
+			a.Add(x, y)
+			a.Add(y, x)
+			b, _ := json.Marshal(a)
+			return string(b) + fmt.Sprint(math.Float64bits(a.SumX2), math.Float64bits(a.SumE2), math.Float64bits(a.SumXY))
+		},
+		"Pack": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, bits := range []int{2, 3, 4, 8} {
+				c := codesFor(r, len(x), bits)
+				d := make([]byte, PackedLen(len(c), bits))
+				Pack(d, c, bits)
+				s += fmt.Sprint(d)
+			}
+			return s
+		},
+		"RotateRows": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, d := range []int{1, 2, 4, 8, 16, 64, 128} {
+				v := slices.Clone(x[:len(x)/d*d])
+				RotateRows(v, d)
+				s += bitsOf(v)
+			}
+			return s
+		},
+	}
+	for name, k := range kernels {
+		t.Run(name, func(t *testing.T) {
+			for _, x := range kernelInputs(11) {
+				if name != "absMaxBits" && name != "minMax" {
+					x = finite(x) // the other kernels see finite values only
+				}
+				seed := int64(len(x)) // the same random codes for both runs
+				got := k(slices.Clone(x), rand.New(rand.NewSource(seed)))
+				var want string
+				withPortable(func() { want = k(slices.Clone(x), rand.New(rand.NewSource(seed))) })
+				if got != want {
+					t.Fatalf("len %d: assembly and Go differ\n asm %.300s\n  go %.300s", len(x), got, want)
+				}
+			}
+		})
+	}
+}
+
+// finite replaces the largest magnitudes, whose scaled values or squares
+// overflow, by ordinary values.
+func finite(x []float32) []float32 {
+	for i, v := range x {
+		if math.Abs(float64(v)) > 1e6 {
+			x[i] = 1
+		}
+	}
+	return x
+}
+
+// TestMinMaxOrdersSignedZeros pins the -0 < +0 order on both paths.
+func TestMinMaxOrdersSignedZeros(t *testing.T) {
+	negZero := float32(math.Copysign(0, -1))
+	x := make([]float32, 24)
+	x[17] = negZero
+	check := func() {
+		lo, hi, ab := minMax(x)
+		if math.Float32bits(lo) != 0x80000000 || math.Float32bits(hi) != 0 || ab != 0 {
+			t.Fatalf("minMax = %v (%#x), %v, %#x; want -0, +0, 0", lo, math.Float32bits(lo), hi, ab)
+		}
+	}
+	check()
+	withPortable(check)
+}
+
+// TestCompressSIMDMatchesPortable compresses a cache with every preset and
+// the other stages on, with the assembly kernels and without: the stored
+// bytes, the reconstruction and the report must be identical.
+func TestCompressSIMDMatchesPortable(t *testing.T) {
+	needSIMD(t)
+	src := randomCache(5, 2, 2, 77, 64)
+	f16 := randomCache(6, 1, 2, 50, 32)
+	for i := range f16.Tensors {
+		x, _ := f16.Tensors[i].Float32s(nil)
+		f16.Tensors[i], _ = safetensors.NewFloatTensor(f16.Tensors[i].Name, safetensors.F16, f16.Tensors[i].Shape, x)
+	}
+	specs := append(PresetNames(), "k=asym3/g48/channel,v=sym5/g40", "k=sym4/g64/rot/out0.01,v=asym4/g64/rot/res16",
+		"k=asym2/g32/channel/res8,v=sym6/g16/out0.02", "int4+lossless")
+	for _, name := range specs {
+		spec, err := ParseSpec(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []*safetensors.File{src, f16} {
+			cfg := Config{Spec: spec, Thresholds: DefaultThresholds}
+			got, err := Compress(f, cfg)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			var want *Result
+			withPortable(func() { want, err = Compress(f, cfg) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			var gb, wb bytes.Buffer
+			if err := safetensors.Encode(&gb, got.Compressed); err != nil {
+				t.Fatal(err)
+			}
+			if err := safetensors.Encode(&wb, want.Compressed); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(gb.Bytes(), wb.Bytes()) {
+				t.Errorf("%s: compressed files differ", name)
+			}
+			for i := range got.Restored.Tensors {
+				if !bytes.Equal(got.Restored.Tensors[i].Data, want.Restored.Tensors[i].Data) {
+					t.Errorf("%s: tensor %s: reconstructions differ", name, got.Restored.Tensors[i].Name)
+				}
+			}
+			gr, _ := json.Marshal(got.Report)
+			wr, _ := json.Marshal(want.Report)
+			if !bytes.Equal(gr, wr) {
+				t.Errorf("%s: reports differ\n asm %.400s\n  go %.400s", name, gr, wr)
+			}
+			back, _, err := Decompress(got.Compressed, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range back.Tensors {
+				if !bytes.Equal(back.Tensors[i].Data, got.Restored.Tensors[i].Data) {
+					t.Errorf("%s: decompressed tensor %s differs from Compress's reconstruction", name, back.Tensors[i].Name)
+				}
+			}
+		}
+	}
+}
+
+func BenchmarkKernels(b *testing.B) {
+	x := make([]float32, 1<<14)
+	y := make([]float32, len(x))
+	r := rand.New(rand.NewSource(1))
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+		y[i] = x[i] + float32(r.NormFloat64()*0.01)
+	}
+	codes := make([]int8, len(x))
+	packed := make([]byte, len(x))
+	kernels := []struct {
+		name string
+		fn   func()
+	}{
+		{"QuantizeGroup", func() {
+			for i := 0; i < len(x); i += 64 {
+				QuantizeGroup(x[i:i+64], 4, codes[i:i+64])
+			}
+		}},
+		{"QuantizeGroupAsym", func() {
+			for i := 0; i < len(x); i += 64 {
+				QuantizeGroupAsym(x[i:i+64], 4, codes[i:i+64])
+			}
+		}},
+		{"DequantizeGroup", func() {
+			for i := 0; i < len(x); i += 64 {
+				DequantizeGroup(y[i:i+64], codes[i:i+64], 0x2c00)
+			}
+		}},
+		{"Accumulator.Add", func() { var a Accumulator; a.Add(x, y) }},
+		{"Pack4", func() { Pack(packed, codes, 4) }},
+		{"RotateRows64", func() { RotateRows(y, 64) }},
+	}
+	for _, k := range kernels {
+		for _, simd := range []bool{true, false} {
+			if simd && !haveSIMD {
+				continue
+			}
+			name := k.name + "/go"
+			if simd {
+				name = k.name + "/avx2"
+			}
+			b.Run(name, func(b *testing.B) {
+				saved := useSIMD
+				useSIMD = simd
+				defer func() { useSIMD = saved }()
+				b.SetBytes(int64(4 * len(x)))
+				for i := 0; i < b.N; i++ {
+					k.fn()
+				}
+			})
+		}
+	}
+}
