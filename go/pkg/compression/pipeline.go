@@ -88,14 +88,15 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 	err = forEach(len(tasks), workers, func(w, k int) error {
 		j := jobs[tasks[k].tensor]
 		s := scratch[w].get(j.l)
-		if err := j.encodeChunk(tasks[k].chunk, s); err != nil {
+		x, err := j.encodeChunk(tasks[k].chunk, s)
+		if err != nil {
 			return err
 		}
 		y, err := j.decodeChunk(tasks[k].chunk, s, true)
 		if err != nil {
 			return err
 		}
-		j.measureChunk(tasks[k].chunk, s.x, y)
+		j.measureChunk(tasks[k].chunk, x, y)
 		return nil
 	})
 	if err != nil {
@@ -292,13 +293,18 @@ func firstNonFinite(x []float32) int {
 }
 
 // encodeChunk quantizes chunk c into the stored codes, scales and zero
-// points, and copies its residual tokens. s.x keeps the source values.
-func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
+// points, and copies its residual tokens. It returns the chunk's source
+// values: a view of the source bytes where they are native float32s, else
+// decoded into s.x.
+func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	l := j.l
 	u0, u1, nlo, nhi, qlo, qhi := l.chunk(c)
 	esz := j.dtype.Size()
-	x := s.x[:nhi-nlo]
-	safetensors.DecodeFloat32s(x, j.src[nlo*esz:nhi*esz], j.dtype)
+	x, ok := j.view(j.src, nlo, nhi)
+	if !ok {
+		x = s.x[:nhi-nlo]
+		safetensors.DecodeFloat32s(x, j.src[nlo*esz:nhi*esz], j.dtype)
+	}
 	notFinite := func() error { // the first NaN or Inf of the chunk, by its natural index
 		i := firstNonFinite(x)
 		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.name, nlo+i, x[i], ErrNotFinite)
@@ -338,10 +344,10 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if l.residualElems() > 0 && firstNonFinite(x) >= 0 { // the kept tokens are not quantized
-		return notFinite()
+		return nil, notFinite()
 	}
 	if !m.IsGGML() {
 		Pack(j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], q, l.s.Bits)
@@ -352,18 +358,37 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) error {
 			copy(j.residual[u*rt*esz:(u+1)*rt*esz], j.src[(u*l.unitNat+l.unitQ)*esz:(u+1)*l.unitNat*esz])
 		}
 	}
-	return nil
+	return x, nil
 }
 
-// decodeChunk restores chunk c from the stored form into s.y (natural
-// order, rounded to the source dtype) and into j.restored. With inScratch
-// the chunk's codes are still in s.q, as encodeChunk packed them.
+// view returns elements [lo, hi) of b (tensor data in j's dtype) as
+// float32s without copying, when the dtype is F32 and the host reads it
+// natively.
+func (j *tensorJob) view(b []byte, lo, hi int) ([]float32, bool) {
+	if j.dtype != safetensors.F32 || b == nil {
+		return nil, false
+	}
+	return safetensors.Float32View(b[4*lo : 4*hi])
+}
+
+// decodeChunk restores chunk c from the stored form into j.restored and
+// returns it in natural order, rounded to the source dtype. Where
+// j.restored holds native float32s the values are decoded into it in
+// place, else into scratch and then encoded. With inScratch the chunk's
+// codes are still in s.q, as encodeChunk packed them.
 func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float32, error) {
 	l := j.l
 	u0, u1, nlo, nhi, qlo, qhi := l.chunk(c)
 	esz := j.dtype.Size()
 	m := l.s.Method
-	yp := s.a[:qhi-qlo]
+	out, direct := j.view(j.restored, nlo, nhi)
+	yp, yqBuf, yBuf := s.a[:qhi-qlo], s.b, s.y
+	if direct { // without a slab the quantized elements are the whole chunk
+		if !l.slab && l.s.Axis != Channel {
+			yp = out // quantization order is natural order
+		}
+		yqBuf, yBuf = out, out
+	}
 	q := s.q[:qhi-qlo]
 	if !m.IsGGML() && !inScratch {
 		Unpack(q, j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], l.s.Bits)
@@ -391,13 +416,13 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	if err != nil {
 		return nil, err
 	}
-	yq := l.fromQOrder(s.b, yp)
+	yq := l.fromQOrder(yqBuf, yp)
 	if l.s.Rotate {
 		RotateRows(yq, l.d)
 	}
 	y := yq
 	if l.slab {
-		y = s.y[:nhi-nlo]
+		y = yBuf[:nhi-nlo]
 		l.scatter(y, yq, u0, u1)
 		rt := (l.t - l.tq) * l.d
 		for u := u0; u < u1; u++ {
@@ -407,7 +432,7 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	}
 	j.out.restore(y, nlo, nhi)
 	roundToDType(y, j.dtype)
-	if j.restored != nil {
+	if j.restored != nil && !direct {
 		safetensors.EncodeFloat32s(j.restored[nlo*esz:nhi*esz], y, j.dtype)
 	}
 	return y, nil

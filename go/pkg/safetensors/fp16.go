@@ -80,6 +80,16 @@ func Float32ToBF16(f float32) uint16 {
 	return uint16(b >> 16)
 }
 
+// Float32View returns b's bytes as float32s without copying, when they are
+// F32 data this machine reads natively: a little-endian host and b aligned
+// to 4 bytes. Otherwise ok is false and the caller decodes a copy.
+func Float32View(b []byte) (v []float32, ok bool) {
+	if !littleEndian || len(b)%4 != 0 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 != 0 {
+		return nil, false
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4), true
+}
+
 // DecodeFloat32s decodes little-endian src of dtype dt into dst.
 func DecodeFloat32s(dst []float32, src []byte, dt DType) {
 	switch dt {
