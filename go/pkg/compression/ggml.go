@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"kvlib/pkg/safetensors"
 )
@@ -75,36 +76,24 @@ func QuantizeBlockGGML(m Method, x []float32, dst []byte) error {
 	switch m {
 	case Q4_0, Q5_0, Q8_0:
 		// The first element of largest |x| (argmax), compared on the bits.
-		var abits uint32
-		imax := 0
-		for i, v := range x {
-			if b := math.Float32bits(v) & 0x7fffffff; b > abits {
-				abits, imax = b, i
-			}
-		}
+		imax, abits := argAbsMax32(x)
 		if abits >= 0x7f800000 {
 			return ErrNotFinite
 		}
 		switch m {
 		case Q4_0:
 			d = x[imax] / -8
-			quantizeOffset(&q, x, recip(d), 8.5, 15)
+			offsetCodes32(&q, x, 0, recip(d), 8.5, 15)
 		case Q5_0:
 			d = x[imax] / -16
-			quantizeOffset(&q, x, recip(d), 16.5, 31)
+			offsetCodes32(&q, x, 0, recip(d), 16.5, 31)
 		default:
 			d = math.Float32frombits(abits) / 127
-			id := recip(d)
-			for i, v := range x {
-				q[i] = uint8(int8(math.Round(float64(float32(v * id))))) // half away from zero
-			}
+			roundCodes32(&q, x, recip(d))
 		}
 	case Q4_1, Q5_1:
-		lo, hi := x[0], x[0]
-		for _, v := range x {
-			lo, hi = min(lo, v), max(hi, v)
-		}
-		if lo != lo || hi != hi || math.IsInf(float64(lo), 0) || math.IsInf(float64(hi), 0) {
+		lo, hi, abits := minMax(x)
+		if abits >= 0x7f800000 {
 			return ErrNotFinite
 		}
 		qmax := uint8(15)
@@ -112,21 +101,11 @@ func QuantizeBlockGGML(m Method, x []float32, dst []byte) error {
 			qmax = 31
 		}
 		d, mn = (hi-lo)/float32(qmax), lo
-		id := recip(d)
-		for i, v := range x {
-			q[i] = truncCode(float32(float32(v-lo)*id)+0.5, qmax)
-		}
+		offsetCodes32(&q, x, lo, recip(d), 0.5, qmax)
 	default:
 		return fmt.Errorf("%s is not a ggml type", m)
 	}
 	return putBlock(m, dst, d, mn, &q)
-}
-
-// quantizeOffset is q = min(trunc(x*id + off), qmax), the q4_0/q5_0 codes.
-func quantizeOffset(q *[GGMLBlock]uint8, x []float32, id, off float32, qmax uint8) {
-	for i, v := range x[:GGMLBlock] {
-		q[i] = truncCode(float32(v*id)+off, qmax)
-	}
 }
 
 // putBlock writes a block: d [, m] [, qh] and the codes.
@@ -147,18 +126,41 @@ func putBlock(m Method, dst []byte, d, mn float32, q *[GGMLBlock]uint8) error {
 		copy(dst[off:off+32], q[:])
 		return nil
 	case Q5_0, Q5_1:
-		var qh uint32
-		for i, c := range q {
-			qh |= uint32(c>>4) << i
-		}
-		binary.LittleEndian.PutUint32(dst[off:], qh)
+		binary.LittleEndian.PutUint32(dst[off:], highBits(q))
 		off += 4
 	}
-	for j := 0; j < 16; j++ {
-		dst[off+j] = q[j]&0x0f | q[j+16]<<4
+	// Byte j holds code j in its low nibble and code j+16 in its high one,
+	// eight bytes at a time.
+	const low = 0x0f0f0f0f0f0f0f0f
+	for j := 0; j < 16; j += 8 {
+		a, b := binary.LittleEndian.Uint64(q[j:]), binary.LittleEndian.Uint64(q[j+16:])
+		binary.LittleEndian.PutUint64(dst[off+j:], a&low|(b&low)<<4)
 	}
 	return nil
 }
+
+// highBits gathers bit 4 of each code: bit i of the result is q[i]'s.
+func highBits(q *[GGMLBlock]uint8) uint32 {
+	var qh uint32
+	for j := 0; j < GGMLBlock; j += 8 {
+		// Bit 4 of each byte, moved to bit 0, then gathered into the top
+		// byte by a multiply whose partial products do not overlap.
+		w := binary.LittleEndian.Uint64(q[j:]) >> 4 & 0x0101010101010101
+		qh |= uint32(w*0x0102040810204080>>56) << j
+	}
+	return qh
+}
+
+// spreadBits[b] has byte k = 0x10 where bit k of b is set: the high bits
+// of 8 q5 codes, ready to be or-ed onto their low nibbles.
+var spreadBits = func() (t [256]uint64) {
+	for b := range t {
+		for k := 0; k < 8; k++ {
+			t[b] |= uint64(b>>k&1) << (8*k + 4)
+		}
+	}
+	return t
+}()
 
 // DequantizeBlockGGML decodes one block of type m from src into 32 values.
 // A non-finite scale or minimum is an error.
@@ -179,10 +181,8 @@ func DequantizeBlockGGML(m Method, src []byte, dst []float32) error {
 	if dh&0x7c00 == 0x7c00 {
 		return fmt.Errorf("block scale is not finite")
 	}
-	if m == Q8_0 {
-		for i := range dst {
-			dst[i] = float32(int8(src[off+i])) * d
-		}
+	if m == Q8_0 { // dst[i] = float32(int8(code)) * d
+		dequantSym(dst, codesOf(src[off:off+GGMLBlock]), d)
 		return nil
 	}
 	var qh uint32
@@ -190,24 +190,33 @@ func DequantizeBlockGGML(m Method, src []byte, dst []float32) error {
 		qh = binary.LittleEndian.Uint32(src[off:])
 		off += 4
 	}
+	// Codes j and j+16 from byte j's nibbles and bits j and j+16 of qh,
+	// eight at a time.
 	var q [GGMLBlock]uint8
-	for j, b := range src[off : off+16] {
-		q[j] = b&0x0f | uint8(qh>>j&1)<<4
-		q[j+16] = b>>4 | uint8(qh>>(j+16)&1)<<4
+	const low = 0x0f0f0f0f0f0f0f0f
+	for j := 0; j < 16; j += 8 {
+		b := binary.LittleEndian.Uint64(src[off+j:])
+		binary.LittleEndian.PutUint64(q[j:], b&low|spreadBits[uint8(qh>>j)])
+		binary.LittleEndian.PutUint64(q[j+16:], b>>4&low|spreadBits[uint8(qh>>(j+16))])
 	}
 	switch m {
-	case Q4_0:
-		for i, c := range q {
-			dst[i] = d * float32(int8(c)-8)
+	case Q4_0, Q5_0: // dst[i] = d * float32(int8(code) - bias), bias 8 or 16
+		bias := uint64(0x0808080808080808)
+		if m == Q5_0 {
+			bias <<= 1
 		}
-	case Q5_0:
-		for i, c := range q {
-			dst[i] = d * float32(int8(c)-16)
+		for j := 0; j < GGMLBlock; j += 8 {
+			// Byte-wise code - bias modulo 256: setting bit 7 first keeps
+			// each byte's borrow inside it (codes are below 32).
+			c := binary.LittleEndian.Uint64(q[j:])
+			binary.LittleEndian.PutUint64(q[j:], (c|0x8080808080808080)-bias^0x8080808080808080)
 		}
-	default: // q4_1, q5_1; the conversion rounds d*q first
-		for i, c := range q {
-			dst[i] = float32(d*float32(c)) + mn
-		}
+		dequantSym(dst, codesOf(q[:]), d)
+	default: // q4_1, q5_1: float32(d * float32(code)) + mn, the product rounded first
+		dequantAsym(dst, codesOf(q[:]), 0xff, d, mn)
 	}
 	return nil
 }
+
+// codesOf reads bytes as the signed codes the dequantizers take.
+func codesOf(b []byte) []int8 { return unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(b))), len(b)) }

@@ -236,3 +236,50 @@ func scale(x []float32, c float32) {
 		x[i] *= c
 	}
 }
+
+// The ggml block kernels take one block of GGMLBlock (32) values.
+
+// argAbsMax32 returns the first index of the largest |x| and its bits.
+func argAbsMax32(x []float32) (imax int, abits uint32) {
+	x = x[:GGMLBlock]
+	if useSIMD {
+		return argAbsMax32AVX2(x)
+	}
+	for i, v := range x {
+		if b := math.Float32bits(v) & 0x7fffffff; b > abits {
+			abits, imax = b, i
+		}
+	}
+	return imax, abits
+}
+
+// offsetCodes32 writes q[i] = truncCode(float32(float32(x[i]-lo)*id) + off, qmax),
+// the codes of q4_0 and q5_0 (lo = 0, where x - 0 is x exactly) and of q4_1 and q5_1.
+func offsetCodes32(q *[GGMLBlock]uint8, x []float32, lo, id, off float32, qmax uint8) {
+	x = x[:GGMLBlock]
+	if useSIMD {
+		offsetCodes32AVX2(q[:], x, lo, id, off, float32(qmax))
+		return
+	}
+	for i, v := range x {
+		q[i] = truncCode(float32(float32(v-lo)*id)+off, qmax)
+	}
+}
+
+// roundCodes32 writes the q8_0 codes: x*id rounded half away from zero and
+// clamped to [-128, 127], as a byte; 0 where x*id is not finite (the
+// oracle's cast gives 0 there). A block's own scale keeps |x*id| <= 127.
+func roundCodes32(q *[GGMLBlock]uint8, x []float32, id float32) {
+	x = x[:GGMLBlock]
+	if useSIMD {
+		roundCodes32AVX2(q[:], x, id)
+		return
+	}
+	for i, v := range x {
+		t := float64(float32(v * id))
+		q[i] = 0
+		if math.Abs(t) < math.Inf(1) {
+			q[i] = uint8(int8(min(max(math.Round(t), -128), 127)))
+		}
+	}
+}

@@ -55,3 +55,12 @@ func hadamardStageAVX2(x []float32, h int)
 
 //go:noescape
 func scaleAVX2(x []float32, c float32)
+
+//go:noescape
+func argAbsMax32AVX2(x []float32) (i int, abits uint32)
+
+//go:noescape
+func offsetCodes32AVX2(q []uint8, x []float32, lo, id, off, qmax float32)
+
+//go:noescape
+func roundCodes32AVX2(q []uint8, x []float32, id float32)

@@ -543,3 +543,147 @@ scale_loop:
 scale_done:
 	VZEROUPPER
 	RET
+
+// func argAbsMax32AVX2(x []float32) (i int, abits uint32)
+//
+// x holds 32 values: the largest |x| bits, and the first index holding them.
+TEXT ·argAbsMax32AVX2(SB), NOSPLIT, $0-36
+	MOVQ       x_base+0(FP), SI
+	VMOVDQU    absmask<>(SB), Y7
+	VPAND      0(SI), Y7, Y0
+	VPAND      32(SI), Y7, Y1
+	VPAND      64(SI), Y7, Y2
+	VPAND      96(SI), Y7, Y3
+	VPMAXUD    Y1, Y0, Y4
+	VPMAXUD    Y3, Y2, Y5
+	VPMAXUD    Y5, Y4, Y4
+	VPERM2I128 $0x01, Y4, Y4, Y5
+	VPMAXUD    Y5, Y4, Y4
+	VPSHUFD    $0x4e, Y4, Y5
+	VPMAXUD    Y5, Y4, Y4
+	VPSHUFD    $0xb1, Y4, Y5
+	VPMAXUD    Y5, Y4, Y4 // the maximum in every lane
+	VPCMPEQD   Y4, Y0, Y0
+	VPCMPEQD   Y4, Y1, Y1
+	VPCMPEQD   Y4, Y2, Y2
+	VPCMPEQD   Y4, Y3, Y3
+	VMOVMSKPS  Y0, AX
+	VMOVMSKPS  Y1, BX
+	VMOVMSKPS  Y2, CX
+	VMOVMSKPS  Y3, DX
+	SHLL       $8, BX
+	ORL        BX, AX
+	SHLL       $16, CX
+	ORL        CX, AX
+	SHLL       $24, DX
+	ORL        DX, AX
+	BSFL       AX, AX
+	MOVQ       AX, i+24(FP)
+	VMOVD      X4, BX
+	MOVL       BX, abits+32(FP)
+	VZEROUPPER
+	RET
+
+// packCodes32 stores the int32 codes in Y0-Y3 (32 of them, each within
+// a byte: unsigned 0..255 with PACK=VPACKUSWB, signed with VPACKSSWB) as
+// 32 bytes at (DI), in order. Y5 holds the dword order 0,4,1,5,2,6,3,7.
+#define packCodes32(PACK) \
+	VPACKSSDW Y1, Y0, Y0 \
+	VPACKSSDW Y3, Y2, Y2 \
+	PACK      Y2, Y0, Y0 \
+	VPERMD    Y0, Y5, Y0 \
+	VMOVDQU   Y0, (DI)
+
+DATA packorder<>+0(SB)/4, $0
+DATA packorder<>+4(SB)/4, $4
+DATA packorder<>+8(SB)/4, $1
+DATA packorder<>+12(SB)/4, $5
+DATA packorder<>+16(SB)/4, $2
+DATA packorder<>+20(SB)/4, $6
+DATA packorder<>+24(SB)/4, $3
+DATA packorder<>+28(SB)/4, $7
+GLOBL packorder<>(SB), RODATA|NOPTR, $32
+
+// offsetCode is truncate(clamp(float32(float32(x - lo) * id) + off, 0, qmax))
+// for the 8 values at off(SI), into R. VMAXPS returns its second source
+// for a NaN in the first, so a NaN gives 0, as truncCode does.
+#define offsetCode(OFF, R) \
+	VMOVUPS    OFF(SI), R \
+	VSUBPS     Y8, R, R \
+	VMULPS     Y9, R, R \
+	VADDPS     Y10, R, R \
+	VMAXPS     Y12, R, R \
+	VMINPS     Y11, R, R \
+	VCVTTPS2DQ R, R
+
+// func offsetCodes32AVX2(q []uint8, x []float32, lo, id, off, qmax float32)
+TEXT ·offsetCodes32AVX2(SB), NOSPLIT, $0-64
+	MOVQ         q_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	VBROADCASTSS lo+48(FP), Y8
+	VBROADCASTSS id+52(FP), Y9
+	VBROADCASTSS off+56(FP), Y10
+	VBROADCASTSS qmax+60(FP), Y11
+	VXORPS       Y12, Y12, Y12
+	VMOVDQU      packorder<>(SB), Y5
+	offsetCode(0, Y0)
+	offsetCode(32, Y1)
+	offsetCode(64, Y2)
+	offsetCode(96, Y3)
+	packCodes32(VPACKUSWB)
+	VZEROUPPER
+	RET
+
+DATA half<>+0(SB)/4, $0x3f000000
+GLOBL half<>(SB), RODATA|NOPTR, $4
+
+DATA one<>+0(SB)/4, $0x3f800000
+GLOBL one<>(SB), RODATA|NOPTR, $4
+
+DATA inf<>+0(SB)/4, $0x7f800000
+GLOBL inf<>(SB), RODATA|NOPTR, $4
+
+// roundCode is round-half-away-from-zero(float32(x * id)) for the 8 values
+// at off(SI), into R: t's integer part, plus sign(t) where |t - trunc t| >= 0.5.
+// Both steps are exact in float32. The result is clamped to [-128, 127]
+// (Y14, Y15), and a non-finite t (Y13 false) gives 0.
+#define roundCode(OFF, R) \
+	VMULPS     OFF(SI), Y9, R \
+	VANDPS     Y7, R, Y13 \
+	VCMPPS     $0x01, Y12, Y13, Y13 \
+	VROUNDPS   $3, R, Y4 \
+	VSUBPS     Y4, R, Y6 \
+	VANDPS     Y7, Y6, Y6 \
+	VCMPPS     $0x1d, Y10, Y6, Y6 \
+	VANDNPS    R, Y7, R \
+	VORPS      Y11, R, R \
+	VANDPS     Y6, R, R \
+	VADDPS     R, Y4, R \
+	VMINPS     Y14, R, R \
+	VMAXPS     Y15, R, R \
+	VANDPS     Y13, R, R \
+	VCVTTPS2DQ R, R
+
+// func roundCodes32AVX2(q []uint8, x []float32, id float32)
+TEXT ·roundCodes32AVX2(SB), NOSPLIT, $0-52
+	MOVQ         q_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	VBROADCASTSS id+48(FP), Y9
+	VMOVDQU      absmask<>(SB), Y7
+	VBROADCASTSS half<>(SB), Y10
+	VBROADCASTSS one<>(SB), Y11
+	VBROADCASTSS inf<>(SB), Y12
+	MOVL         $0x42fe0000, AX // 127
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL         $0xc3000000, AX // -128
+	VMOVD        AX, X15
+	VPBROADCASTD X15, Y15
+	VMOVDQU      packorder<>(SB), Y5
+	roundCode(0, Y0)
+	roundCode(32, Y1)
+	roundCode(64, Y2)
+	roundCode(96, Y3)
+	packCodes32(VPACKSSWB)
+	VZEROUPPER
+	RET

@@ -49,7 +49,11 @@ func kernelInputs(seed int64) [][]float32 {
 		}
 		out = append(out, x)
 	}
-	return out
+	tiny := make([]float32, 64) // subnormal blocks: the ggml scales' reciprocals overflow
+	for i := range tiny {
+		tiny[i] = float32(r.Intn(2001)-1000) * 0x1p-149
+	}
+	return append(out, tiny)
 }
 
 func rangeInts(lo, hi int) []int {
@@ -149,6 +153,33 @@ func TestKernelsMatchPortable(t *testing.T) {
 			}
 			return s
 		},
+		"ggml": func(x []float32, r *rand.Rand) string {
+			var s string
+			for i := 0; i+GGMLBlock <= len(x); i += GGMLBlock {
+				b := x[i : i+GGMLBlock]
+				imax, ab := argAbsMax32(b)
+				s += fmt.Sprint(imax, ab)
+				var q [GGMLBlock]uint8
+				for _, id := range []float32{0, 0.75, 3.5e4, float32(math.Inf(1))} {
+					offsetCodes32(&q, b, 0, id, 8.5, 15)
+					s += fmt.Sprint(q)
+					offsetCodes32(&q, b, -1.5, id, 0.5, 31)
+					s += fmt.Sprint(q)
+					roundCodes32(&q, b, id)
+					s += fmt.Sprint(q)
+				}
+				for _, m := range []Method{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0} {
+					blk := make([]byte, GGMLBlockBytes(m))
+					err := QuantizeBlockGGML(m, b, blk)
+					y := make([]float32, GGMLBlock)
+					if err == nil {
+						err = DequantizeBlockGGML(m, blk, y)
+					}
+					s += fmt.Sprint(blk, err) + bitsOf(y)
+				}
+			}
+			return s
+		},
 		"RotateRows": func(x []float32, r *rand.Rand) string {
 			var s string
 			for _, d := range []int{1, 2, 4, 8, 16, 64, 128} {
@@ -162,7 +193,7 @@ func TestKernelsMatchPortable(t *testing.T) {
 	for name, k := range kernels {
 		t.Run(name, func(t *testing.T) {
 			for _, x := range kernelInputs(11) {
-				if name != "absMaxBits" && name != "minMax" {
+				if name != "absMaxBits" && name != "minMax" && name != "ggml" {
 					x = finite(x) // the other kernels see finite values only
 				}
 				seed := int64(len(x)) // the same random codes for both runs
@@ -170,7 +201,12 @@ func TestKernelsMatchPortable(t *testing.T) {
 				var want string
 				withPortable(func() { want = k(slices.Clone(x), rand.New(rand.NewSource(seed))) })
 				if got != want {
-					t.Fatalf("len %d: assembly and Go differ\n asm %.300s\n  go %.300s", len(x), got, want)
+					at := 0
+					for at < min(len(got), len(want)) && got[at] == want[at] {
+						at++
+					}
+					at = max(0, at-100)
+					t.Fatalf("len %d: assembly and Go differ\n asm …%.300s\n  go …%.300s", len(x), got[at:], want[at:])
 				}
 			}
 		})
@@ -318,4 +354,13 @@ func BenchmarkKernels(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestSharedVectorsPortable checks the portable kernels against the shared
+// vectors (the gguf package's blocks among them), as a CPU without AVX2 runs.
+func TestSharedVectorsPortable(t *testing.T) {
+	withPortable(func() {
+		TestSharedVectors(t)
+		TestSharedVectorsV2(t)
+	})
 }
