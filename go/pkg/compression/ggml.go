@@ -219,4 +219,6 @@ func DequantizeBlockGGML(m Method, src []byte, dst []float32) error {
 }
 
 // codesOf reads bytes as the signed codes the dequantizers take.
-func codesOf(b []byte) []int8 { return unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(b))), len(b)) }
+func codesOf(b []byte) []int8 {
+	return unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(b))), len(b))
+}

@@ -18,11 +18,11 @@ func addBlocksAVX2([]float32, []float32, *laneSums, *histTables) uint32 {
 	noSIMD()
 	return 0
 }
-func pack4AVX2([]byte, []int8)         { noSIMD() }
-func pack2AVX2([]byte, []int8)         { noSIMD() }
-func hadamard8AVX2([]float32)          { noSIMD() }
-func hadamardStageAVX2([]float32, int) { noSIMD() }
-func scaleAVX2([]float32, float32)     { noSIMD() }
-func argAbsMax32AVX2([]float32) (int, uint32)                          { noSIMD(); return 0, 0 }
+func pack4AVX2([]byte, []int8)                                                 { noSIMD() }
+func pack2AVX2([]byte, []int8)                                                 { noSIMD() }
+func hadamard8AVX2([]float32)                                                  { noSIMD() }
+func hadamardStageAVX2([]float32, int)                                         { noSIMD() }
+func scaleAVX2([]float32, float32)                                             { noSIMD() }
+func argAbsMax32AVX2([]float32) (int, uint32)                                  { noSIMD(); return 0, 0 }
 func offsetCodes32AVX2([]uint8, []float32, float32, float32, float32, float32) { noSIMD() }
-func roundCodes32AVX2([]uint8, []float32, float32)                     { noSIMD() }
+func roundCodes32AVX2([]uint8, []float32, float32)                             { noSIMD() }
