@@ -64,3 +64,6 @@ func offsetCodes32AVX2(q []uint8, x []float32, lo, id, off, qmax float32)
 
 //go:noescape
 func roundCodes32AVX2(q []uint8, x []float32, id float32)
+
+//go:noescape
+func transposeAVX2(dst, src []float32, r, c int)

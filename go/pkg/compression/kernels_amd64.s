@@ -687,3 +687,87 @@ TEXT ·roundCodes32AVX2(SB), NOSPLIT, $0-52
 	packCodes32(VPACKSSWB)
 	VZEROUPPER
 	RET
+
+// func transposeAVX2(dst, src []float32, r, c int)
+//
+// Writes the [r, c] matrix src as [c, r] into dst, r and c multiples of 8,
+// in tiles of 8x8 transposed in registers.
+TEXT ·transposeAVX2(SB), NOSPLIT, $0-64
+	MOVQ dst_base+0(FP), DI
+	MOVQ src_base+24(FP), SI
+	MOVQ r+48(FP), R8
+	MOVQ c+56(FP), R9
+	LEAQ (R9*4), R10     // source row stride, bytes
+	LEAQ (R8*4), R11     // destination row stride, bytes
+	LEAQ (R10)(R10*2), R12
+	LEAQ (R11)(R11*2), R13
+	XORQ AX, AX          // i0, the source row
+
+tr_rows:
+	CMPQ AX, R8
+	JAE  tr_done
+	XORQ BX, BX          // j0, the source column
+
+tr_cols:
+	CMPQ BX, R9
+	JAE  tr_next_rows
+	MOVQ AX, CX          // source tile: SI + 4 (i0 c + j0)
+	IMULQ R9, CX
+	ADDQ BX, CX
+	LEAQ (SI)(CX*4), CX
+	LEAQ (CX)(R10*4), DX
+	VMOVUPS (CX), Y0
+	VMOVUPS (CX)(R10*1), Y1
+	VMOVUPS (CX)(R10*2), Y2
+	VMOVUPS (CX)(R12*1), Y3
+	VMOVUPS (DX), Y4
+	VMOVUPS (DX)(R10*1), Y5
+	VMOVUPS (DX)(R10*2), Y6
+	VMOVUPS (DX)(R12*1), Y7
+	VUNPCKLPS  Y1, Y0, Y8
+	VUNPCKHPS  Y1, Y0, Y9
+	VUNPCKLPS  Y3, Y2, Y10
+	VUNPCKHPS  Y3, Y2, Y11
+	VUNPCKLPS  Y5, Y4, Y12
+	VUNPCKHPS  Y5, Y4, Y13
+	VUNPCKLPS  Y7, Y6, Y14
+	VUNPCKHPS  Y7, Y6, Y15
+	VSHUFPS    $0x44, Y10, Y8, Y0
+	VSHUFPS    $0xee, Y10, Y8, Y1
+	VSHUFPS    $0x44, Y11, Y9, Y2
+	VSHUFPS    $0xee, Y11, Y9, Y3
+	VSHUFPS    $0x44, Y14, Y12, Y4
+	VSHUFPS    $0xee, Y14, Y12, Y5
+	VSHUFPS    $0x44, Y15, Y13, Y6
+	VSHUFPS    $0xee, Y15, Y13, Y7
+	VPERM2F128 $0x20, Y4, Y0, Y8
+	VPERM2F128 $0x20, Y5, Y1, Y9
+	VPERM2F128 $0x20, Y6, Y2, Y10
+	VPERM2F128 $0x20, Y7, Y3, Y11
+	VPERM2F128 $0x31, Y4, Y0, Y12
+	VPERM2F128 $0x31, Y5, Y1, Y13
+	VPERM2F128 $0x31, Y6, Y2, Y14
+	VPERM2F128 $0x31, Y7, Y3, Y15
+	MOVQ BX, CX          // destination tile: DI + 4 (j0 r + i0)
+	IMULQ R8, CX
+	ADDQ AX, CX
+	LEAQ (DI)(CX*4), CX
+	LEAQ (CX)(R11*4), DX
+	VMOVUPS Y8, (CX)
+	VMOVUPS Y9, (CX)(R11*1)
+	VMOVUPS Y10, (CX)(R11*2)
+	VMOVUPS Y11, (CX)(R13*1)
+	VMOVUPS Y12, (DX)
+	VMOVUPS Y13, (DX)(R11*1)
+	VMOVUPS Y14, (DX)(R11*2)
+	VMOVUPS Y15, (DX)(R13*1)
+	ADDQ $8, BX
+	JMP  tr_cols
+
+tr_next_rows:
+	ADDQ $8, AX
+	JMP  tr_rows
+
+tr_done:
+	VZEROUPPER
+	RET

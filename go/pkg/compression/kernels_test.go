@@ -180,6 +180,20 @@ func TestKernelsMatchPortable(t *testing.T) {
 			}
 			return s
 		},
+		"transpose": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, rc := range [][2]int{{8, 8}, {16, 8}, {8, 24}, {3, 8}, {8, 5}, {40, 16}} {
+				m := rc[0] * rc[1]
+				if len(x) < m {
+					continue
+				}
+				src := x[:len(x)/m*m]
+				dst := make([]float32, len(src))
+				transpose(dst, src, rc[0], rc[1])
+				s += bitsOf(dst)
+			}
+			return s
+		},
 		"RotateRows": func(x []float32, r *rand.Rand) string {
 			var s string
 			for _, d := range []int{1, 2, 4, 8, 16, 64, 128} {

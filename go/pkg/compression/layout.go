@@ -214,6 +214,10 @@ func transpose(dst, src []float32, r, c int) {
 	}
 	for base := 0; base+m <= len(src); base += m {
 		s, d := src[base:base+m], dst[base:base+m]
+		if useSIMD && r%8 == 0 && c%8 == 0 {
+			transposeAVX2(d, s, r, c)
+			continue
+		}
 		for i0 := 0; i0 < r; i0 += tile {
 			for j0 := 0; j0 < c; j0 += tile {
 				for i := i0; i < min(i0+tile, r); i++ {
