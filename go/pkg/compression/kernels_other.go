@@ -26,4 +26,4 @@ func scaleAVX2([]float32, float32)                                             {
 func argAbsMax32AVX2([]float32) (int, uint32)                                  { noSIMD(); return 0, 0 }
 func offsetCodes32AVX2([]uint8, []float32, float32, float32, float32, float32) { noSIMD() }
 func roundCodes32AVX2([]uint8, []float32, float32)                             { noSIMD() }
-func transposeAVX2([]float32, []float32, int, int) { noSIMD() }
+func transposeAVX2([]float32, []float32, int, int)                             { noSIMD() }

@@ -2,6 +2,7 @@ package compression
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -76,11 +77,13 @@ func sameBits(a, b []float32) bool {
 	return slices.EqualFunc(a, b, func(p, q float32) bool { return math.Float32bits(p) == math.Float32bits(q) })
 }
 
-// TestKernelsMatchPortable checks every assembly kernel bit for bit
-// against its Go version, including the tails the Go version finishes.
-func TestKernelsMatchPortable(t *testing.T) {
-	needSIMD(t)
-	type run func(x []float32, r *rand.Rand) string // the kernel's whole output, printed exactly
+// kernelRun runs a kernel on x and prints its whole output exactly; r
+// draws the codes of the kernels that take codes.
+type kernelRun func(x []float32, r *rand.Rand) string
+
+// kernelRuns are the kernels and the calls that exercise them.
+func kernelRuns() map[string]kernelRun {
+	type run = kernelRun
 	bitsOf := func(v []float32) string {
 		b := make([]uint32, len(v))
 		for i := range v {
@@ -204,34 +207,70 @@ func TestKernelsMatchPortable(t *testing.T) {
 			return s
 		},
 	}
-	for name, k := range kernels {
+	return kernels
+}
+
+// TestKernelsMatchPortable checks every assembly kernel bit for bit
+// against its Go version, including the tails the Go version finishes.
+func TestKernelsMatchPortable(t *testing.T) {
+	needSIMD(t)
+	for name, k := range kernelRuns() {
 		t.Run(name, func(t *testing.T) {
 			for _, x := range kernelInputs(11) {
-				if name != "absMaxBits" && name != "minMax" && name != "ggml" {
-					x = finite(x) // the other kernels see finite values only
-				}
-				seed := int64(len(x)) // the same random codes for both runs
-				got := k(slices.Clone(x), rand.New(rand.NewSource(seed)))
-				var want string
-				withPortable(func() { want = k(slices.Clone(x), rand.New(rand.NewSource(seed))) })
-				if got != want {
-					at := 0
-					for at < min(len(got), len(want)) && got[at] == want[at] {
-						at++
-					}
-					at = max(0, at-100)
-					t.Fatalf("len %d: assembly and Go differ\n asm …%.300s\n  go …%.300s", len(x), got[at:], want[at:])
-				}
+				checkKernel(t, name, k, x)
 			}
 		})
 	}
 }
 
-// finite replaces the largest magnitudes, whose scaled values or squares
-// overflow, by ordinary values.
+// FuzzKernelsMatchPortable runs every kernel on float32s read from the
+// fuzzer's bytes, any bit pattern included.
+func FuzzKernelsMatchPortable(f *testing.F) {
+	needSIMD(f)
+	for _, x := range kernelInputs(2)[60:] {
+		b := make([]byte, 4*len(x))
+		for i, v := range x {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+		}
+		f.Add(b)
+	}
+	kernels := kernelRuns()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		x := make([]float32, len(b)/4)
+		for i := range x {
+			x[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		}
+		for name, k := range kernels {
+			checkKernel(t, name, k, x)
+		}
+	})
+}
+
+// checkKernel runs k on x with and without the assembly kernels.
+func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
+	t.Helper()
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" {
+		x = finite(slices.Clone(x)) // the other kernels see finite values only
+	}
+	seed := int64(len(x)) // the same random codes for both runs
+	got := k(slices.Clone(x), rand.New(rand.NewSource(seed)))
+	var want string
+	withPortable(func() { want = k(slices.Clone(x), rand.New(rand.NewSource(seed))) })
+	if got != want {
+		at := 0
+		for at < min(len(got), len(want)) && got[at] == want[at] {
+			at++
+		}
+		at = max(0, at-100)
+		t.Fatalf("%s, len %d: assembly and Go differ\n asm …%.300s\n  go …%.300s", name, len(x), got[at:], want[at:])
+	}
+}
+
+// finite replaces NaN, Inf and the largest magnitudes, whose scaled values
+// or squares overflow, by ordinary values.
 func finite(x []float32) []float32 {
 	for i, v := range x {
-		if math.Abs(float64(v)) > 1e6 {
+		if !(math.Abs(float64(v)) <= 1e6) {
 			x[i] = 1
 		}
 	}
