@@ -447,8 +447,14 @@ var benchCache = func() *safetensors.File {
 }()
 
 // benchConfig is the scheme named by $KVQ_BENCH_SCHEME (make bench runs
-// every preset), else the default.
+// every preset), else the default. $KVQ_BENCH_PORTABLE=1 switches the
+// assembly kernels off, so make bench can measure what they bring.
 func benchConfig(b *testing.B) Config {
+	if os.Getenv("KVQ_BENCH_PORTABLE") == "1" {
+		saved := useSIMD
+		useSIMD = false
+		b.Cleanup(func() { useSIMD = saved })
+	}
 	cfg := DefaultConfig()
 	if s := os.Getenv("KVQ_BENCH_SCHEME"); s != "" {
 		spec, err := ParseSpec(s)
