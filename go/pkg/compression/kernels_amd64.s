@@ -6,58 +6,44 @@
 
 #include "textflag.h"
 
-DATA absmask<>+0(SB)/8, $0x7fffffff7fffffff
-DATA absmask<>+8(SB)/8, $0x7fffffff7fffffff
-DATA absmask<>+16(SB)/8, $0x7fffffff7fffffff
-DATA absmask<>+24(SB)/8, $0x7fffffff7fffffff
-GLOBL absmask<>(SB), RODATA|NOPTR, $32
+// splat defines a 32-byte read-only constant of four copies of V.
+#define splat(NAME, V) \
+	DATA NAME<>+0(SB)/8, V \
+	DATA NAME<>+8(SB)/8, V \
+	DATA NAME<>+16(SB)/8, V \
+	DATA NAME<>+24(SB)/8, V \
+	GLOBL NAME<>(SB), RODATA|NOPTR, $32
+
+// hreduce folds the 8 dwords of Y with OP (VPMAXUD, VPMINSD, VPMAXSD) into
+// the lowest of X, its lower half; X1 is clobbered.
+#define hreduce(OP, Y, X) \
+	VEXTRACTI128 $1, Y, X1 \
+	OP           X1, X, X \
+	VPSHUFD      $0x4e, X, X1 \
+	OP           X1, X, X \
+	VPSHUFD      $0xb1, X, X1 \
+	OP           X1, X, X
+
+splat(absmask, $0x7fffffff7fffffff)
 
 // The histogram bin of |e| is clamp((bits>>23) - 106, 0, 28): 106 is
 // 127 + HistMinExp - 1, 28 is HistBins - 1. The subtraction saturates at
 // 0 on the low 16 bits of each 32 (the high 16 are 0).
-DATA histbias<>+0(SB)/8, $0x0000006a0000006a
-DATA histbias<>+8(SB)/8, $0x0000006a0000006a
-DATA histbias<>+16(SB)/8, $0x0000006a0000006a
-DATA histbias<>+24(SB)/8, $0x0000006a0000006a
-GLOBL histbias<>(SB), RODATA|NOPTR, $32
+splat(histbias, $0x0000006a0000006a)
 
-DATA histtop<>+0(SB)/8, $0x0000001c0000001c
-DATA histtop<>+8(SB)/8, $0x0000001c0000001c
-DATA histtop<>+16(SB)/8, $0x0000001c0000001c
-DATA histtop<>+24(SB)/8, $0x0000001c0000001c
-GLOBL histtop<>(SB), RODATA|NOPTR, $32
+splat(histtop, $0x0000001c0000001c)
 
-DATA nibble<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f
-DATA nibble<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f
-DATA nibble<>+16(SB)/8, $0x0f0f0f0f0f0f0f0f
-DATA nibble<>+24(SB)/8, $0x0f0f0f0f0f0f0f0f
-GLOBL nibble<>(SB), RODATA|NOPTR, $32
+splat(nibble, $0x0f0f0f0f0f0f0f0f)
 
-DATA crumb<>+0(SB)/8, $0x0303030303030303
-DATA crumb<>+8(SB)/8, $0x0303030303030303
-DATA crumb<>+16(SB)/8, $0x0303030303030303
-DATA crumb<>+24(SB)/8, $0x0303030303030303
-GLOBL crumb<>(SB), RODATA|NOPTR, $32
+splat(crumb, $0x0303030303030303)
 
 // Byte multipliers 1, 16 (pairs of nibbles into a byte).
-DATA mul16<>+0(SB)/8, $0x1001100110011001
-DATA mul16<>+8(SB)/8, $0x1001100110011001
-DATA mul16<>+16(SB)/8, $0x1001100110011001
-DATA mul16<>+24(SB)/8, $0x1001100110011001
-GLOBL mul16<>(SB), RODATA|NOPTR, $32
+splat(mul16, $0x1001100110011001)
 
 // Byte multipliers 1, 4 and then word multipliers 1, 16 (four crumbs into a byte).
-DATA mul4<>+0(SB)/8, $0x0401040104010401
-DATA mul4<>+8(SB)/8, $0x0401040104010401
-DATA mul4<>+16(SB)/8, $0x0401040104010401
-DATA mul4<>+24(SB)/8, $0x0401040104010401
-GLOBL mul4<>(SB), RODATA|NOPTR, $32
+splat(mul4, $0x0401040104010401)
 
-DATA wmul16<>+0(SB)/8, $0x0010000100100001
-DATA wmul16<>+8(SB)/8, $0x0010000100100001
-DATA wmul16<>+16(SB)/8, $0x0010000100100001
-DATA wmul16<>+24(SB)/8, $0x0010000100100001
-GLOBL wmul16<>(SB), RODATA|NOPTR, $32
+splat(wmul16, $0x0010000100100001)
 
 // func cpuid(leaf, sub uint32) (a, b, c, d uint32)
 TEXT ·cpuid(SB), NOSPLIT, $0-24
@@ -95,12 +81,7 @@ absmax_loop:
 	JMP     absmax_loop
 
 absmax_done:
-	VEXTRACTI128 $1, Y0, X1
-	VPMAXUD      X1, X0, X0
-	VPSHUFD      $0x4e, X0, X1
-	VPMAXUD      X1, X0, X0
-	VPSHUFD      $0xb1, X0, X1
-	VPMAXUD      X1, X0, X0
+	hreduce(VPMAXUD, Y0, X0)
 	VMOVD        X0, AX
 	MOVL        AX, ret+24(FP)
 	VZEROUPPER
@@ -201,28 +182,13 @@ minmax_loop:
 	JMP     minmax_loop
 
 minmax_done:
-	VEXTRACTI128 $1, Y4, X1
-	VPMINSD      X1, X4, X4
-	VPSHUFD      $0x4e, X4, X1
-	VPMINSD      X1, X4, X4
-	VPSHUFD      $0xb1, X4, X1
-	VPMINSD      X1, X4, X4
+	hreduce(VPMINSD, Y4, X4)
 	VMOVD        X4, AX
 	MOVL        AX, lo+24(FP)
-	VEXTRACTI128 $1, Y5, X1
-	VPMAXSD      X1, X5, X5
-	VPSHUFD      $0x4e, X5, X1
-	VPMAXSD      X1, X5, X5
-	VPSHUFD      $0xb1, X5, X1
-	VPMAXSD      X1, X5, X5
+	hreduce(VPMAXSD, Y5, X5)
 	VMOVD        X5, AX
 	MOVL        AX, hi+28(FP)
-	VEXTRACTI128 $1, Y6, X1
-	VPMAXUD      X1, X6, X6
-	VPSHUFD      $0x4e, X6, X1
-	VPMAXUD      X1, X6, X6
-	VPSHUFD      $0xb1, X6, X1
-	VPMAXUD      X1, X6, X6
+	hreduce(VPMAXUD, Y6, X6)
 	VMOVD        X6, AX
 	MOVL        AX, abits+32(FP)
 	VZEROUPPER
@@ -388,12 +354,7 @@ add_done:
 	VMOVUPD Y13, 160(R8)
 	VMOVUPD Y14, 192(R8)
 	VMOVUPD Y15, 224(R8)
-	VEXTRACTI128 $1, Y6, X1
-	VPMAXUD      X1, X6, X6
-	VPSHUFD      $0x4e, X6, X1
-	VPMAXUD      X1, X6, X6
-	VPSHUFD      $0xb1, X6, X1
-	VPMAXUD      X1, X6, X6
+	hreduce(VPMAXUD, Y6, X6)
 	VMOVD        X6, AX
 	MOVL        AX, ret+64(FP)
 	VZEROUPPER
