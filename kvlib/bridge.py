@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvlib.cache import cache_layers, load_kv_cache, make_cache, save_kv_cache
+from kvlib.cache import cache_layers, load_kv_cache, save_kv_cache
+from kvlib.layout import cache_like
 from kvlib.codec import CodecConfig, resolve_codec
 
 CLI_NAME = "kv-compress"
@@ -450,8 +451,8 @@ class CLICacheRoundtrip:
         metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
         t2 = time.perf_counter()
         restored, _ = load_kv_cache(dst, device=str(k0.device))
-        if cache_layers(restored)[0][0].dtype != k0.dtype:  # bfloat16 travels as float32
-            restored = make_cache([(k.to(k0.dtype), v.to(k0.dtype)) for k, v in cache_layers(restored)])
+        # In the context's own layout (sliding-window layers included); bfloat16 travels as float32.
+        restored = cache_like(cache, [(k.to(k0.dtype), v.to(k0.dtype)) for k, v in cache_layers(restored)])
         t3 = time.perf_counter()
         self.seconds["save"] += t1 - t0
         self.seconds["cli"] += t2 - t1

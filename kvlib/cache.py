@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import DynamicCache
+from transformers import DynamicCache  # noqa: F401  (the type callers get back)
+
+from kvlib.layout import FULL, CacheLayout, layout_of, make_cache, new_cache
 
 # TinyLlama-1.1B-Chat geometry, the design documents' reference model.
 TINYLLAMA_NUM_LAYERS = 22
@@ -40,6 +42,14 @@ class KVCacheMetadata:
     head_dim: int
     dtype: str
     model_name: str
+    layer_windows: str = ""  # per layer, 0 (full attention) or its sliding window: CacheLayout.to_string()
+
+    @property
+    def layout(self) -> CacheLayout:
+        """The cache's layout; seq_len is the tokens it has seen (sliding layers store fewer)."""
+        if not self.layer_windows:
+            return CacheLayout((FULL,) * self.num_layers, self.seq_len)
+        return CacheLayout.from_string(self.layer_windows, self.seq_len)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +63,7 @@ class KVCacheMetadata:
             head_dim=int(d["head_dim"]),
             dtype=str(d["dtype"]),
             model_name=str(d["model_name"]),
+            layer_windows=str(d.get("layer_windows", "")),
         )
 
 
@@ -63,14 +74,6 @@ def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if hasattr(cache, "key_cache"):  # older DynamicCache
         return list(zip(cache.key_cache, cache.value_cache))
     return [(k, v) for k, v, *_ in cache]
-
-
-def make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    """Build a DynamicCache holding the given (key, value) tensors."""
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(layers):
-        cache.update(k, v, i)
-    return cache
 
 
 def _check_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -90,13 +93,15 @@ def metadata_of(cache: Any, model_name: str = "unknown") -> KVCacheMetadata:
     layers = cache_layers(cache)
     _check_cache(layers)
     k = layers[0][0]
+    layout = layout_of(cache)
     return KVCacheMetadata(
         num_layers=len(layers),
         num_kv_heads=int(k.shape[1]),
-        seq_len=int(k.shape[2]),
+        seq_len=layout.seen,
         head_dim=int(k.shape[3]),
         dtype=str(k.dtype).removeprefix("torch."),
         model_name=model_name,
+        layer_windows=layout.to_string() if layout.sliding else "",
     )
 
 
@@ -121,7 +126,7 @@ def extract_kv_cache(
         raise ValueError(f"batch size must be 1, got {input_ids.shape[0]}")
     if input_ids.shape[1] == 0:
         raise ValueError("prompt tokenized to zero tokens: the KV cache would be empty")
-    out = model(input_ids=input_ids, past_key_values=DynamicCache(), use_cache=True)
+    out = model(input_ids=input_ids, past_key_values=new_cache(model), use_cache=True)
     cache = out.past_key_values
     name = getattr(model.config, "_name_or_path", "") or getattr(model, "name_or_path", "unknown")
     return cache, metadata_of(cache, name)
@@ -211,14 +216,17 @@ def load_kv_cache(
         _check_cache(layers)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-    cache = make_cache(layers)
     mp = Path(metadata_path) if metadata_path else _default_metadata_path(path)
     if mp.exists():
         meta = KVCacheMetadata.from_dict(json.loads(mp.read_text()))
     elif "model_name" in header:
         meta = KVCacheMetadata.from_dict(header)
     else:
-        meta = metadata_of(cache)
+        meta = metadata_of(make_cache(layers))
+    try:  # sliding-window layers come back as the model holds them
+        cache = make_cache(layers, meta.layout if meta.layer_windows else None)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     return cache, meta
 
 
@@ -233,7 +241,7 @@ def validate_kv_cache_shape(
     layers = cache_layers(cache)
     if len(layers) != expected_layers:
         errors.append(f"expected {expected_layers} layers, got {len(layers)}")
-    seq = None
+    layout = layout_of(cache)
     for i, (k, v) in enumerate(layers):
         for kind, t in (("key", k), ("value", v)):
             if t.dim() != 4:
@@ -247,10 +255,9 @@ def validate_kv_cache_shape(
                 errors.append(f"layer {i} {kind}: {h} KV heads, expected {expected_kv_heads}{hint}")
             if d != expected_head_dim:
                 errors.append(f"layer {i} {kind}: head_dim {d}, expected {expected_head_dim}")
-            if seq is None:
-                seq = s
-            elif s != seq:
-                errors.append(f"layer {i} {kind}: seq_len {s}, other layers have {seq}")
+            if i < len(layout.windows) and s != layout.stored(i):
+                errors.append(f"layer {i} {kind}: seq_len {s}, its layout holds {layout.stored(i)} "
+                              f"({layout.seen} tokens seen, window {layout.windows[i] or 'full'})")
     return not errors, errors
 
 

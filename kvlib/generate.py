@@ -13,7 +13,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from kvlib.cache import cache_layers, make_cache
+from kvlib.cache import cache_layers
+from kvlib.layout import layout_of, make_cache, new_cache
 
 
 def model_device(model: Any) -> torch.device:
@@ -24,7 +25,7 @@ def model_device(model: Any) -> torch.device:
 def prefill(model: Any, ids: Sequence[int]) -> Any:
     """The KV cache of one token sequence (the LM head runs on its last position only)."""
     x = torch.tensor([list(ids)], device=model_device(model))
-    return model(input_ids=x, use_cache=True, logits_to_keep=1).past_key_values
+    return model(input_ids=x, past_key_values=new_cache(model), use_cache=True, logits_to_keep=1).past_key_values
 
 
 def stack_caches(caches: Iterable[Any], rows: int | None = None) -> Any:
@@ -39,14 +40,18 @@ def stack_caches(caches: Iterable[Any], rows: int | None = None) -> Any:
         raise ValueError("no caches to stack")
     n = rows if rows is not None else len(caches)  # type: ignore[arg-type]
     batch = [(k.new_empty((n, *k.shape[1:])), v.new_empty((n, *v.shape[1:]))) for k, v in cache_layers(first)]
-    length, filled = batch[0][0].shape[2], 0
+    layout, filled = layout_of(first), 0
     rest = itertools.chain([first], it)
     del first
     for cache in rest:
         layers = cache_layers(cache)
         b = layers[0][0].shape[0]
-        if layers[0][0].shape[2] != length:
-            raise ValueError(f"caches of different lengths {length} and {layers[0][0].shape[2]} cannot share a batch")
+        shapes = [k.shape[1:] for k, _ in layers]
+        if shapes != [k.shape[1:] for k, _ in batch]:
+            i = next((i for i, (s, (k, _)) in enumerate(zip(shapes, batch)) if s != k.shape[1:]), len(shapes))
+            raise ValueError(f"caches of different lengths or shapes cannot share a batch (layer {i}: "
+                             f"{tuple(shapes[i]) if i < len(shapes) else None} and "
+                             f"{tuple(batch[i][0].shape[1:]) if i < len(batch) else None})")
         if filled + b > n:
             raise ValueError(f"more than {n} rows to stack")
         for (bk, bv), (k, v) in zip(batch, layers):
@@ -56,7 +61,7 @@ def stack_caches(caches: Iterable[Any], rows: int | None = None) -> Any:
         del cache, layers
     if filled != n:
         raise ValueError(f"{filled} rows to stack, expected {n}")
-    return make_cache(batch)
+    return make_cache(batch, layout)
 
 
 @torch.no_grad()

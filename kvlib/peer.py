@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from kvlib.bridge import CompressionMetrics, pooled_quality
-from kvlib.cache import cache_layers, make_cache
+from kvlib.cache import cache_layers
+from kvlib.layout import cache_like
 
 PEER_BITS = (4, 2)
 PEER_GROUP = 64
@@ -94,4 +95,4 @@ class QuantoPeer:
             "num_elements": n, "num_tensors": len(tensors), "passed": True, "violations": [],
             "sums": total, "tensors": tensors, **pooled_quality(total),
         })
-        return make_cache(restored), metrics
+        return cache_like(cache, restored), metrics

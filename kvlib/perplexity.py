@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.bridge import CompressionMetrics, pool_metrics
-from kvlib.cache import cache_layers, make_cache
+from kvlib.layout import context_cache, new_cache
 
 # A cache transform returns the cache to attend to and, optionally, the codec's metrics.
 CacheTransform = Callable[[Any], "tuple[Any, CompressionMetrics | None]"]
@@ -199,7 +199,10 @@ def score_windows(
         first = w.length - w.num_targets  # window-relative index of the first target
         targets = ids[0, first:]
         use_context = bool(transforms) and w.context_tokens > 0
-        out = model(input_ids=ids, use_cache=use_context, logits_to_keep=w.num_targets + 1)
+        # The model's own cache layout, its sliding-window layers recording every token so the
+        # context's cache can be cut out of this one forward pass.
+        out = model(input_ids=ids, past_key_values=new_cache(model, record_past=True) if use_context else None, use_cache=use_context,
+                    logits_to_keep=w.num_targets + 1)
         logp_base = F.log_softmax(out.logits[0, :-1].float(), dim=-1)
         nll_base = _token_nll(logp_base, targets)
         baseline = float(nll_base.double().sum())
@@ -209,7 +212,7 @@ def score_windows(
                                                kld=[0.0] * w.num_targets, top1_agree=w.num_targets))
             continue
         n = w.context_tokens
-        context = make_cache([(k[:, :, :n], v[:, :, :n]) for k, v in cache_layers(out.past_key_values)])
+        context = context_cache(out.past_key_values, n)
         del out
         p_base = logp_base.exp()
         top1_base = logp_base.argmax(-1)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvlib import bridge, cache, corpus, models
+from kvlib import bridge, cache, corpus, layout, models
 from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics
 from kvlib.codec import LOSSLESS_SUFFIX, CodecConfig, resolve_codec
 from kvlib.decoding import DecodingChecks, readings, run_decoding_checks
@@ -97,7 +97,7 @@ class SweepResult:
     recommended: str | None
     recommendation: str
     ci_method: str = CI_METHOD
-    kv_geometry: dict[str, int] = field(default_factory=dict)
+    kv_geometry: dict[str, Any] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     retrieval: dict[str, Any] = field(default_factory=dict)  # RetrievalResult.to_dict(), empty when not run
     agreement: dict[str, Any] = field(default_factory=dict)  # AgreementResult.to_dict(), empty when not run
@@ -257,6 +257,7 @@ def run_sweep(
     say = print if verbose else (lambda *a, **k: None)
     say(f"Loading {models.model_display_name(model)} ({dtype_name(torch_dtype)}, {device})...")
     lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
+    geometry = layout.geometry(lm)  # a cache kvlib cannot compress fails here, before any window
     ids = corpus.tokenize(tok, text)
     L = context_length or models.context_length(lm)
     check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
@@ -277,7 +278,6 @@ def run_sweep(
             setattr(s, k, v)
     schemes.sort(key=lambda s: (bool(s.error), not s.passed, s.bits_per_element, s.context_delta))
     rec, sentence = recommend(schemes)
-    g = cache.expected_geometry(lm.config)
     result = SweepResult(
         model=models.model_display_name(model), corpus=text.name, device=device, dtype=dtype_name(torch_dtype),
         threshold=threshold, stride=stride, context_length=L, windows=first.num_windows,
@@ -285,8 +285,7 @@ def run_sweep(
         context_scored_tokens=first.context_scored_tokens, baseline_perplexity=first.baseline_perplexity,
         context_baseline_perplexity=first.context_baseline_perplexity, schemes=schemes, recommended=rec,
         recommendation=sentence,
-        kv_geometry={"num_layers": g["expected_layers"], "num_kv_heads": g["expected_kv_heads"],
-                     "head_dim": g["expected_head_dim"]},
+        kv_geometry=geometry,
         timing={"total_s": time.perf_counter() - t_start, "scoring_s": seconds,
                 "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing,
                 **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),

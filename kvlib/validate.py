@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kvlib import bridge, cache, corpus, models
+from kvlib import bridge, cache, corpus, layout, models
 from kvlib.codec import CodecConfig, resolve_codec
 from kvlib.decoding import DecodingChecks, run_decoding_checks
 from kvlib.gates import CI_LEVEL, PPL_DELTA_THRESHOLD
@@ -69,7 +69,7 @@ class ValidationResult:
     violations: list[str] = field(default_factory=list)
     keys: dict[str, float] = field(default_factory=dict)  # RMSE, SNR, cosine of all key tensors pooled
     values: dict[str, float] = field(default_factory=dict)  # the same for value tensors
-    kv_geometry: dict[str, int] = field(default_factory=dict)
+    kv_geometry: dict[str, Any] = field(default_factory=dict)
     window_nlls: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
     compression: dict[str, Any] = field(default_factory=dict)  # pooled CLI metrics, per tensor included
@@ -119,14 +119,14 @@ def check_sample_roundtrip(lm: Any, tok: Any, ids: torch.Tensor, codec: CodecCon
 
 
 def _validation_result(ppl: Any, scheme: Any, codec: CodecConfig, threshold: float, model: str, corpus_name: str,
-                       device: str, dtype: str, stride: int, context_length: int, config: Any) -> ValidationResult:
+                       device: str, dtype: str, stride: int, context_length: int,
+                       geometry: dict[str, Any]) -> ValidationResult:
     """The ValidationResult of one scheme's windows (timing is filled in by the caller)."""
     comp = ppl.compression
     passed = scheme.passed
     verdict = (f"{'PASSED' if passed else 'FAILED'}: delta {ppl.context_delta:+.4f} "
                f"{'<' if passed else '>='} {threshold} threshold ({CI_LEVEL:.0%} CI {scheme.ci_low:+.4f} to "
                f"{scheme.ci_high:+.4f}{'' if scheme.robust or not passed else ': crosses the threshold'})")
-    geometry = cache.expected_geometry(config)
     return ValidationResult(
         baseline_perplexity=ppl.baseline_perplexity, compressed_perplexity=ppl.compressed_perplexity,
         delta=ppl.delta, delta_percent=ppl.delta_percent,
@@ -144,8 +144,7 @@ def _validation_result(ppl: Any, scheme: Any, codec: CodecConfig, threshold: flo
         max_error=comp.max_error if comp else math.nan, quality_level=comp.quality_level if comp else "",
         quality_passed=comp.passed if comp else False, violations=list(comp.violations) if comp else [],
         keys=scheme.keys, values=scheme.values,
-        kv_geometry={"num_layers": geometry["expected_layers"], "num_kv_heads": geometry["expected_kv_heads"],
-                     "head_dim": geometry["expected_head_dim"], "num_query_heads": int(config.num_attention_heads)},
+        kv_geometry=geometry,
         window_nlls=[
             {"index": w.index, "begin": w.begin, "end": w.end, "targets": w.num_targets,
              "context_tokens": w.context_tokens, "compressed": w.compressed,
@@ -190,11 +189,11 @@ def run_full_validation(
     _say(verbose, f"[1/6] Loading {models.model_display_name(model)}...")
     t = time.perf_counter()
     lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
-    geometry = cache.expected_geometry(lm.config)
+    geometry = layout.geometry(lm)  # a cache kvlib cannot compress fails here, before any window
     name = models.model_display_name(model)
-    _say(verbose, f"    Model loaded on {device}\n    Config: {geometry['expected_layers']} layers, "
-                  f"{geometry['expected_kv_heads']} KV heads (GQA, {lm.config.num_attention_heads} query heads), "
-                  f"head_dim {geometry['expected_head_dim']}")
+    _say(verbose, f"    Model loaded on {device}\n    Config: {geometry['num_layers']} layers "
+                  f"({geometry['layers']}), {geometry['num_kv_heads']} KV heads "
+                  f"({geometry['num_query_heads']} query heads), head_dim {geometry['head_dim']}")
     t_model = time.perf_counter() - t
 
     ids = corpus.tokenize(tok, text)
@@ -220,7 +219,7 @@ def run_full_validation(
             own_tmp.cleanup()
 
     result = _validation_result(ppl, scheme, codec, threshold, name, text.name, device, dtype_name(torch_dtype),
-                                stride, L, lm.config)
+                                stride, L, geometry)
     result.timing = {"total_s": time.perf_counter() - t_start, "model_load_s": t_model, "perplexity_s": ppl.seconds,
                      "bridge_s": ppl.transform_seconds, **bridge_timing,
                      "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan,

@@ -1,0 +1,173 @@
+"""What each layer of a model's KV cache holds, and caches built in that layout.
+
+Transformers lays a decoder's cache out per layer: full-attention layers keep
+every token, sliding-window layers (Gemma 2/3, Mistral, gpt-oss, ...) keep only
+the last ``window - 1`` and count the tokens they have seen. kvlib compresses
+exactly what each layer stores, so a reconstruction must go back into a cache of
+the same layout: ``cache_like`` rebuilds one around new tensors, ``new_cache``
+gives an empty one for a model, ``context_cache`` the first n tokens of a
+forward pass as the model would hold them. Caches that are not key/value
+tensors per layer (Mamba and linear-attention states, encoder-decoder caches)
+are refused with one line naming the layer type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+FULL = 0  # the window of a full-attention layer
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Per layer, its attention window (0: full attention; W: keeps the last W-1 tokens),
+    and how many tokens the cache has seen."""
+
+    windows: tuple[int, ...]
+    seen: int
+
+    def stored(self, layer: int) -> int:
+        """Tokens layer ``layer`` holds after ``seen`` tokens."""
+        w = self.windows[layer]
+        return self.seen if w == FULL else min(self.seen, w - 1)
+
+    @property
+    def sliding(self) -> bool:
+        return any(w != FULL for w in self.windows)
+
+    def describe(self) -> str:
+        """E.g. '15 sliding (window 512) + 3 full-attention layers'."""
+        full = sum(w == FULL for w in self.windows)
+        slid = sorted({w for w in self.windows if w != FULL})
+        if not slid:
+            return f"{full} full-attention layers"
+        ws = ", ".join(str(w) for w in slid)
+        return f"{len(self.windows) - full} sliding (window {ws}) + {full} full-attention layers"
+
+    def to_string(self) -> str:
+        """'0,512,512,...' (the safetensors metadata form; 0 is full attention)."""
+        return ",".join(str(w) for w in self.windows)
+
+    @classmethod
+    def from_string(cls, s: str, seen: int) -> "CacheLayout":
+        return cls(tuple(int(x) for x in s.split(",")), seen)
+
+
+def unsupported_layer(layer: Any, index: int) -> str | None:
+    """Why a cache layer is not key/value tensors kvlib can compress (None if it is)."""
+    if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
+        return None
+    return (f"layer {index} of the model's cache is a {type(layer).__name__}, not key/value tensors per token: "
+            f"kvlib compresses key/value caches (full or sliding-window attention) only")
+
+
+def _check_supported(cache: Any) -> None:
+    if not isinstance(cache, DynamicCache):
+        raise ValueError(f"the model's cache is a {type(cache).__name__}, not a DynamicCache of key/value tensors: "
+                         f"kvlib compresses decoder-only key/value caches only")
+    for i, layer in enumerate(cache.layers):
+        why = unsupported_layer(layer, i)
+        if why:
+            raise ValueError(why)
+
+
+def new_cache(model: Any, record_past: bool = False) -> DynamicCache:
+    """An empty cache in the model's own layout; with ``record_past`` its sliding layers keep
+    every token of the next forward pass (so ``context_cache`` can cut any prefix out of it).
+    ValueError, naming the layer type, for a cache kvlib cannot compress."""
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{config.model_type} is an encoder-decoder model: kvlib validates decoder-only caches")
+    cache = DynamicCache(config=config)
+    _check_supported(cache)
+    for layer in cache.layers:
+        if record_past and isinstance(layer, DynamicSlidingWindowLayer):
+            layer.activate_past_recording()
+    return cache
+
+
+def layout_of(cache: Any) -> CacheLayout:
+    """The layout a cache has now (a plain DynamicCache is all full attention)."""
+    if not hasattr(cache, "layers"):
+        layers = list(cache)
+        return CacheLayout((FULL,) * len(layers), int(layers[0][0].shape[2]))
+    windows, seen = [], 0
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            windows.append(int(layer.sliding_window))
+            seen = max(seen, int(layer.cumulative_length))
+        else:
+            windows.append(FULL)
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                seen = max(seen, int(layer.keys.shape[2]))
+    return CacheLayout(tuple(windows), seen)
+
+
+def make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], layout: CacheLayout | None = None) -> DynamicCache:
+    """A cache holding the given (key, value) tensors, in ``layout`` (default: all full attention).
+
+    A sliding layer's tensors must hold what it stores (``layout.stored(i)`` tokens);
+    it counts ``layout.seen`` tokens, so the next forward masks and positions as the
+    model's own cache would."""
+    cache = DynamicCache()
+    if layout is None:
+        for i, (k, v) in enumerate(layers):
+            cache.update(k, v, i)
+        return cache
+    if len(layout.windows) != len(layers):
+        raise ValueError(f"a layout of {len(layout.windows)} layers for {len(layers)} (key, value) pairs")
+    built = []
+    for i, ((k, v), w) in enumerate(zip(layers, layout.windows)):
+        if k.shape[2] != layout.stored(i) or v.shape[2] != k.shape[2]:
+            raise ValueError(f"layer {i}: {k.shape[2]} key / {v.shape[2]} value tokens, its layout stores "
+                             f"{layout.stored(i)} (window {w or 'full'}, {layout.seen} tokens seen)")
+        layer: DynamicLayer = DynamicLayer() if w == FULL else DynamicSlidingWindowLayer(sliding_window=w)
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        if w != FULL:
+            layer.cumulative_length = layout.seen
+        built.append(layer)
+    cache.layers = built
+    return cache
+
+
+def cache_like(template: Any, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    """A new cache in ``template``'s layout holding the given tensors (a reconstruction of it)."""
+    return make_cache(layers, layout_of(template))
+
+
+def context_cache(cache: Any, n: int) -> DynamicCache:
+    """The cache of the first ``n`` tokens, cut from a ``new_cache`` that saw more, laid out
+    as the model would hold it after seeing exactly those n tokens."""
+    from kvlib.cache import cache_layers
+
+    layout = CacheLayout(layout_of(cache).windows, n)
+    cut = []
+    for i, (k, v) in enumerate(cache_layers(cache)):
+        keep = layout.stored(i)
+        if k.shape[2] < n:
+            raise ValueError(f"layer {i} holds {k.shape[2]} tokens, fewer than the {n} to keep "
+                             f"(a sliding layer that did not record its past: build the cache with new_cache)")
+        cut.append((k[:, :, n - keep:n], v[:, :, n - keep:n]))
+    return make_cache(cut, layout)
+
+
+def model_layout(model: Any) -> CacheLayout:
+    """The layout of ``model``'s cache (no tokens seen yet): run before any window, it is
+    where a model kvlib cannot compress fails, with the layer type named."""
+    return layout_of(new_cache(model))
+
+
+def geometry(model: Any) -> dict[str, Any]:
+    """What a report shows of a model's cache: layers, KV heads, head_dim, and each layer's window."""
+    c = model.config.get_text_config(decoder=True)
+    heads = c.num_attention_heads
+    lay = model_layout(model)
+    return {"num_layers": len(lay.windows), "num_kv_heads": getattr(c, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(c, "head_dim", None) or c.hidden_size // heads, "num_query_heads": int(heads),
+            "layer_windows": list(lay.windows), "layers": lay.describe()}
