@@ -28,6 +28,10 @@ DTYPE       ?= auto
 SCHEMES     ?= all
 PEERS       ?= True
 SWEEP_WINDOWS ?= 6
+# make zoo: the same schemes on several models (zoo names, .gguf files, HF directories or ids).
+ZOO_MODELS  ?= smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b
+ZOO_SCHEMES ?= int4,kivi4,rot4,q4_0,q8_0
+ZOO_WINDOWS ?= 8
 # Beyond perplexity (empty: the notebook's defaults). RETRIEVAL=False / GENERATION=False skip a check.
 RETRIEVAL          ?=
 RETRIEVAL_LENGTHS  ?=
@@ -43,7 +47,7 @@ BUILD       := build
 # Rendered reports hold results, not progress bars (tqdm reads this at import).
 PAPERMILL   := TQDM_DISABLE=1 $(PY) -m papermill
 
-.PHONY: setup build-compress test test-go test-py test-notebooks report sweep lab bench clean lock
+.PHONY: setup build-compress test test-go test-py test-notebooks report sweep zoo lab bench clean lock
 
 setup: $(STAMP) $(CLI)
 
@@ -81,6 +85,9 @@ test-notebooks: setup
 	  -k kvlib -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/sweep.ipynb $(BUILD)/nbtest/sweep.ipynb -k kvlib -r schemes "int4,kivi4" \
 	  -p max_windows 2 -p context_length 512 -p stride 256 $(TINY_CHECKS) -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	$(PAPERMILL) --prepare-only notebooks/zoo.ipynb $(BUILD)/nbtest/zoo.ipynb -k kvlib -r models "smollm2-135m" \
+	  -r schemes "int4,q8_0" -p peers False -p max_windows 2 -p context_length 512 -p stride 256 \
+	  -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(BUILD)/nbtest
 
 report: setup
@@ -105,6 +112,15 @@ sweep: setup
 	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) $(CHECKS) -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/sweep.ipynb
 	@echo "Sweep: $(CURDIR)/$(REPORTS)/sweep.html (results: $(REPORTS)/sweep.json)"
+
+# The cross-model report: reports/zoo.html and reports/zoo.json (zoo models are fetched on first use).
+zoo: setup
+	mkdir -p $(REPORTS) $(BUILD)/executed
+	$(PAPERMILL) notebooks/zoo.ipynb $(BUILD)/executed/zoo.ipynb -k kvlib -r models "$(ZOO_MODELS)" \
+	  -r schemes "$(ZOO_SCHEMES)" -p peers $(PEERS) -p corpus $(CORPUS) -p max_windows $(ZOO_WINDOWS) -p stride $(STRIDE) \
+	  -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS)
+	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/zoo.ipynb
+	@echo "Zoo: $(CURDIR)/$(REPORTS)/zoo.html (results: $(REPORTS)/zoo.json)"
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks

@@ -170,7 +170,7 @@ def save_kv_cache(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata={k: str(v) for k, v in meta.to_dict().items()})
+        save_file(tensors, tmp, metadata={k: str(v) for k, v in meta.to_dict().items() if v != ""})
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvlib import corpus, models
+from kvlib import corpus, models, zoo
 from kvlib.agreement import AgreementConfig
 from kvlib.codec import resolve_codec
 from kvlib.decoding import DecodingChecks
@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="force CPU even when CUDA is available")
     p.add_argument("--threshold", type=float, default=KVQUANT_THRESHOLD, help="maximum perplexity delta (default 0.5)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
-    p.add_argument("--model", default=models.EMBEDDED, help=f"'{models.EMBEDDED}' (SmolLM2-135M, offline) or an HF id, e.g. {models.TINYLLAMA}")
+    p.add_argument("--model", default=models.EMBEDDED,
+                   help=f"'{models.EMBEDDED}' (SmolLM2-135M, offline), a zoo model (--list-models), a .gguf file, "
+                   f"a Hugging Face directory, or an HF id, e.g. {models.TINYLLAMA}")
+    p.add_argument("--list-models", action="store_true", help="list the offline model zoo and exit")
     p.add_argument("--corpus", default=corpus.EMBEDDED, help=f"'{corpus.EMBEDDED}' (Python docs), '{corpus.WIKITEXT}' (datasets), or a text file")
     p.add_argument("--scheme", action="append", default=None,
                    help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, k=asym4/g64/channel,v=asym4/g64 "
@@ -89,6 +92,9 @@ def check_output_path(path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list_models:
+        print(zoo.format_models(models.list_models()))
+        return 0
     try:
         specs = list(args.scheme or [])
         if args.schemes:

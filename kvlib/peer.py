@@ -68,14 +68,15 @@ class QuantoPeer:
         self.name = peer_name(nbits)
 
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
-        from transformers import QuantizedCache
+        from transformers.cache_utils import QuantoQuantizedLayer
 
-        qc = QuantizedCache(backend="quanto", config=self.config, nbits=self.nbits, residual_length=0,
-                            q_group_size=self.q_group_size)
         tensors, stored, n, restored = [], 0, 0, []
         for i, (k, v) in enumerate(cache_layers(cache)):
-            qc.update(k, v, i)
-            layer = qc.layers[i]
+            # QuantizedCache(backend="quanto") holds one of these per layer, built with these settings. It is
+            # used layer by layer because QuantizedCache refuses models with sliding-window layers; here each
+            # layer quantizes exactly what it stores, as kvlib's codecs do.
+            layer = QuantoQuantizedLayer(nbits=self.nbits, q_group_size=self.q_group_size, residual_length=0)
+            layer.update(k, v)
             pair = []
             for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
                 y = layer._dequantize(q).to(x.dtype)

@@ -115,6 +115,7 @@ def summary_rows(result: ValidationResult | dict[str, Any]) -> list[tuple[str, s
     packed = c.get("compressed_size_bytes")
     rows = [
         ("Model", r["model"], f"device {r.get('device', '')}, {r.get('dtype') or 'float32'}"),
+        layout_row(r),
         ("Scheme", r["scheme_name"], r["scheme"] if r["scheme"] != r["scheme_name"] else ""),
         ("Corpus", r["corpus"], ""),
         ("Windows", str(r["windows"]), f"{r['context_windows']} with a compressed context; length {r['context_length']}, stride {r['stride']}"),
@@ -192,6 +193,26 @@ def _tensors_by_layer(result: dict[str, Any]) -> tuple[list[int], dict[str, dict
     return layers, by
 
 
+def mark_sliding_layers(ax: Any, result: dict[str, Any]) -> None:
+    """Shade the sliding-window layers of a per-layer plot (they store only the last window - 1 tokens)."""
+    windows = (result.get("kv_geometry") or {}).get("layer_windows") or []
+    sliding = [i for i, w in enumerate(windows) if w]
+    for j, i in enumerate(sliding):
+        ax.axvspan(i - 0.5, i + 0.5, color="#e8edf3", zorder=0, lw=0,
+                   label=f"sliding-window layer ({'/'.join(str(w) for w in sorted(set(windows) - {0}))} tokens)"
+                   if j == 0 else None)
+
+
+def layout_row(r: dict[str, Any]) -> tuple[str, str, str]:
+    """The summary row of the cache's geometry and layer types."""
+    g = r.get("kv_geometry") or {}
+    sliding = any(g.get("layer_windows") or [])
+    return ("KV cache", f"{g.get('num_layers', '?')} layers × {g.get('num_kv_heads', '?')} KV heads × "
+            f"head_dim {g.get('head_dim', '?')}",
+            html.escape(g.get("layers", "")) + ("; sliding layers store (and the codec compresses) only their last "
+                                                "window − 1 tokens" if sliding else ""))
+
+
 def _finite(values: list[Any]) -> np.ndarray:
     return np.array([_num(v) for v in values], dtype=float)
 
@@ -211,6 +232,7 @@ def plot_layer_metrics(result: ValidationResult | dict[str, Any],
             ys = _finite([by[kind][l][key] for l in layers])
             ax.plot(layers, ys, marker="o", ms=3, color=color, label=f"{kind}s")
         ax.axhline(gate, color="#57606a", ls="--", lw=1, label=f"gate {gate:g}")
+        mark_sliding_layers(ax, r)
         ax.set_xlabel("layer")
         ax.set_ylabel(label)
         ax.set_title(f"{label} per layer ({hint})")
@@ -335,3 +357,34 @@ def windows_table(result: ValidationResult | dict[str, Any]) -> pd.DataFrame:
     df = pd.DataFrame(r["window_nlls"])
     df["delta"] = df["compressed_ppl"] - df["baseline_ppl"]
     return df[["index", "begin", "end", "targets", "context_tokens", "baseline_ppl", "compressed_ppl", "delta"]].round(4)
+
+
+_TIMING_LABELS = {
+    "model_load_s": "model load", "perplexity_s": "scoring (perplexity windows)", "scoring_s": "scoring (perplexity windows)",
+    "bridge_s": "  of which codec round trips", "bridge_save_s": "  bridge: save", "bridge_cli_s": "  bridge: kv-compress",
+    "bridge_load_s": "  bridge: load", "retrieval_s": "pass-key retrieval", "agreement_s": "generation agreement",
+    "total_s": "total",
+}
+
+
+def timing_rows(timing: dict[str, float]) -> list[tuple[str, str]]:
+    """(step, time) rows of a run's timing dict, in the order a run takes them; tokens/s as a rate."""
+    rows = [(label, f"{timing[k]:.1f} s") for k, label in _TIMING_LABELS.items() if k in timing and k != "total_s"]
+    rows += [(k.removesuffix("_s"), f"{v:.1f} s") for k, v in timing.items()
+             if k.endswith("_s") and k not in _TIMING_LABELS]  # e.g. one row per model of a cross-model run
+    if "scored_tokens_per_s" in timing:
+        rows.append(("scored tokens per second", fmt(timing["scored_tokens_per_s"], ".1f")))
+    if "total_s" in timing:
+        rows.append(("total", f"{timing['total_s']:.1f} s"))
+    return rows
+
+
+def timing_table(timing: dict[str, float]):
+    """The run's timings as a small table (id ``kvlib-timing``)."""
+    from IPython.display import HTML
+
+    body = "".join(f'<tr><th style="text-align:left;white-space:pre">{html.escape(k)}</th>'
+                   f'<td class="value" style="text-align:right">{html.escape(v)}</td></tr>'
+                   for k, v in timing_rows(timing))
+    return HTML(f'<table id="kvlib-timing" style="font-size:13px"><thead><tr><th>Step</th><th>Time</th></tr></thead>'
+                f'<tbody>{body}</tbody></table>')

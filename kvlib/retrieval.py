@@ -23,6 +23,7 @@ import torch
 
 from kvlib.codec import CodecConfig
 from kvlib.generate import greedy_continue, prefill, stack_caches
+from kvlib.layout import model_layout
 from kvlib.transforms import cache_transforms
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -169,6 +170,7 @@ class RetrievalResult:
     schemes: list[SchemeRetrieval]
     peer_error: str = ""
     timing: dict[str, float] = field(default_factory=dict)
+    reach: str = ""  # how far back the model's layers see, when sliding-window layers cannot see a key
 
     def scheme(self, name: str) -> SchemeRetrieval:
         for s in [self.exact, *self.schemes]:
@@ -182,7 +184,7 @@ class RetrievalResult:
                  for s in [self.exact, *self.schemes]]
         skipped = (f" (lengths {', '.join(map(str, self.skipped_lengths))} left out: beyond the model's context)"
                    if self.skipped_lengths else "")
-        return "retrieval: " + ", ".join(parts) + skipped
+        return "retrieval: " + ", ".join(parts) + skipped + (f"; {self.reach}" if self.reach else "")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -213,6 +215,16 @@ def _answers(model: Any, tokenizer: Any, batch: Any, group: list[Haystack], answ
 def key_found(key: str, answer: str) -> bool:
     """The key stands in the answer as a number of its own ("71432." counts, "714325" does not)."""
     return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", answer) is not None
+
+
+def reach(model: Any, lengths: tuple[int, ...]) -> str:
+    """Which layers can see a key far back, when some haystacks are longer than a sliding window."""
+    windows = model_layout(model).windows
+    sliding = [w for w in windows if w]
+    if not sliding or max(lengths) < min(sliding):
+        return ""
+    return (f"{len(sliding)} of {len(windows)} layers attend to the last {min(sliding)} tokens only: beyond that, "
+            f"only the {len(windows) - len(sliding)} full-attention layers see the key")
 
 
 def model_context(model: Any) -> int | None:
@@ -272,4 +284,5 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
         _compare(exact_r, s)
     return RetrievalResult(asdict(config), list(lengths), [n for n in config.lengths if n not in lengths], exact_r,
                            schemes, peer_error=missing or "",
-                           timing={"prefill_s": t_prefill, "total_s": t_prefill + sum(seconds.values())})
+                           timing={"prefill_s": t_prefill, "total_s": t_prefill + sum(seconds.values())},
+                           reach=reach(model, lengths))

@@ -254,6 +254,7 @@ def run_sweep(
     device = device or cache.default_device()
     torch_dtype = resolve_dtype(dtype, device)
     text = corpus.load_corpus(corpus_name)
+    models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
     say = print if verbose else (lambda *a, **k: None)
     say(f"Loading {models.model_display_name(model)} ({dtype_name(torch_dtype)}, {device})...")
     lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kvlib.gates import CI_LEVEL, CI_METHOD
-from kvlib.report import Figure, fmt
+from kvlib.report import Figure, fmt, mark_sliding_layers
 from kvlib.sweep import SweepResult
 
 PEER_COLOR, KVQ_COLOR, FAIL_COLOR = "#8250df", "#1f77b4", "#cf222e"
@@ -33,7 +33,8 @@ def banner(result: SweepResult | dict[str, Any]):
     r = _as_dict(result)
     ok = r["recommended"] is not None
     color, word = ("#1a7f37", f"USE {r['recommended']}") if ok else ("#cf222e", "NO SCHEME PASSES WITH CONFIDENCE")
-    sub = (f"{r['model']} &middot; {html.escape(r['corpus'])} &middot; {r['dtype']} &middot; {r['windows']} windows, "
+    layers = (r.get("kv_geometry") or {}).get("layers")
+    sub = (f"{html.escape(r['model'])}{f' ({layers})' if layers else ''} &middot; {html.escape(r['corpus'])} &middot; {r['dtype']} &middot; {r['windows']} windows, "
            f"{r['context_scored_tokens']} tokens after a compressed context &middot; gate: gated perplexity delta "
            f"&lt; {r['threshold']:g}, robust when its {CI_LEVEL:.0%} CI is below it too")
     return HTML(
@@ -205,6 +206,7 @@ def plot_layer_snr(result: SweepResult | dict[str, Any]) -> Figure:
             y = np.array([math.nan if v is None else v for v in s[key]], dtype=float)
             ax.plot(np.arange(len(y)), y, ls, color=cmap(i % 20), lw=1.4, label=s["name"])
     for ax, role in zip(axes, ("Keys", "Values")):
+        mark_sliding_layers(ax, r)
         ax.set_title(f"{role}: SNR per layer, pooled over every window's context cache")
         ax.set_xlabel("layer")
     axes[0].set_ylabel("SNR (dB)")

