@@ -42,6 +42,8 @@ CHECKS = $(if $(RETRIEVAL),-p retrieval $(RETRIEVAL)) $(if $(RETRIEVAL_LENGTHS),
 # make test's tiny grid: two haystacks of 256 tokens, two prompts of 128 tokens, 4 new tokens.
 TINY_CHECKS = -r retrieval_lengths 256 -r retrieval_depths "0,1" -p generation_prompts 2 -p generation_context 128 \
   -p generation_tokens 4
+LAB_PORT    ?= 8888
+LAB_IP      ?= 127.0.0.1
 REPORTS     := reports
 BUILD       := build
 # Rendered reports hold results, not progress bars (tqdm reads this at import).
@@ -122,8 +124,9 @@ zoo: setup
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/zoo.ipynb
 	@echo "Zoo: $(CURDIR)/$(REPORTS)/zoo.html (results: $(REPORTS)/zoo.json)"
 
+# JupyterLab on notebooks/ (localhost; LAB_IP=0.0.0.0 for a remote box, LAB_PORT= another port).
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	LAB_PORT=$(LAB_PORT) LAB_IP=$(LAB_IP) $(PY) -m kvlib.lab --notebook-dir $(CURDIR)/notebooks
 
 bench: setup
 	$(PY) benchmarks/bench.py

@@ -63,7 +63,8 @@ def delta_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], li
     r = _as_dict(result)
     pts = points(r["sweeps"])
     models = [sw.get("model_spec", sw["model"]) for sw in r["sweeps"]]
-    schemes = list(dict.fromkeys(p["scheme"] for p in pts))
+    schemes = list(dict.fromkeys([*(x for x in r["schemes"] if any(p["scheme"] == x for p in pts)),
+                                  *(p["scheme"] for p in pts)]))  # as asked, then the peer's rows
     by = {(p["model"], p["scheme"]): p for p in pts}
     bits = {p["scheme"]: p["bits"] for p in pts}
     rows = [[html.escape(s), fmt(bits[s], ".2f")] + [_cell(by.get((m, s))) for m in models] for s in schemes]

@@ -371,7 +371,7 @@ def timing_rows(timing: dict[str, float]) -> list[tuple[str, str]]:
     """(step, time) rows of a run's timing dict, in the order a run takes them; tokens/s as a rate."""
     rows = [(label, f"{timing[k]:.1f} s") for k, label in _TIMING_LABELS.items() if k in timing and k != "total_s"]
     rows += [(k.removesuffix("_s"), f"{v:.1f} s") for k, v in timing.items()
-             if k.endswith("_s") and k not in _TIMING_LABELS]  # e.g. one row per model of a cross-model run
+             if k.endswith("_s") and k not in _TIMING_LABELS and k != "scored_tokens_per_s"]  # e.g. per model
     if "scored_tokens_per_s" in timing:
         rows.append(("scored tokens per second", fmt(timing["scored_tokens_per_s"], ".1f")))
     if "total_s" in timing:

@@ -257,7 +257,9 @@ def run_sweep(
     models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
     say = print if verbose else (lambda *a, **k: None)
     say(f"Loading {models.model_display_name(model)} ({dtype_name(torch_dtype)}, {device})...")
+    t_load = time.perf_counter()
     lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
+    t_load = time.perf_counter() - t_load
     geometry = layout.geometry(lm)  # a cache kvlib cannot compress fails here, before any window
     ids = corpus.tokenize(tok, text)
     L = context_length or models.context_length(lm)
@@ -287,7 +289,7 @@ def run_sweep(
         context_baseline_perplexity=first.context_baseline_perplexity, schemes=schemes, recommended=rec,
         recommendation=sentence,
         kv_geometry=geometry,
-        timing={"total_s": time.perf_counter() - t_start, "scoring_s": seconds,
+        timing={"total_s": time.perf_counter() - t_start, "model_load_s": t_load, "scoring_s": seconds,
                 "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing,
                 **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),
                 **({"agreement_s": agreement.timing["total_s"]} if agreement else {})},

@@ -158,6 +158,14 @@ def test_encoder_decoder_fails_in_one_line():
         model_layout(T5Like())
 
 
+def word_corpus(path, n: int, seed: int):
+    """A text file of ``n`` random words of the tiny tokenizer's vocabulary (one token each)."""
+    words = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
+    g = torch.Generator().manual_seed(seed)
+    path.write_text(" ".join(words[i] for i in torch.randint(0, len(words), (n,), generator=g).tolist()))
+    return path
+
+
 @pytest.fixture(scope="module")
 def gemma_dir(tmp_path_factory, tiny_tokenizer):
     """A tiny Gemma-3 (sliding + global layers) saved as a Hugging Face directory, with a real tokenizer."""
@@ -172,10 +180,7 @@ def gemma_dir(tmp_path_factory, tiny_tokenizer):
 
 def test_kv_validate_on_a_sliding_window_model_directory(gemma_dir, tmp_path, capsys):
     """kv-validate --model DIR on a sliding/global model runs to a verdict through the real CLI."""
-    words = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
-    g = torch.Generator().manual_seed(0)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(" ".join(words[i] for i in torch.randint(0, len(words), (900,), generator=g).tolist()))
+    corpus = word_corpus(tmp_path / "corpus.txt", 900, seed=0)
     out = tmp_path / "sweep.json"
     rc = cli.main(["--model", str(gemma_dir), "--schemes", "q8_0,int4", "--corpus", str(corpus), "--max-windows", "3",
                    "--context-length", "160", "--stride", "64", "--no-peers", "--quiet", "--json", str(out)])
@@ -186,3 +191,19 @@ def test_kv_validate_on_a_sliding_window_model_directory(gemma_dir, tmp_path, ca
     by = {s["name"]: s for s in r["schemes"]}
     assert set(by) == {"q8_0", "int4"} and all(math.isfinite(s["context_delta"]) for s in by.values())
     assert abs(by["q8_0"]["context_delta"]) < 0.05 * r["context_baseline_perplexity"]
+
+
+def test_kv_validate_one_scheme_on_a_sliding_window_model(gemma_dir, tmp_path):
+    """The single-scheme path (sample round trip, shape checks against the layout, the verdict)."""
+    corpus = word_corpus(tmp_path / "corpus.txt", 700, seed=1)
+    out = tmp_path / "one.json"
+    rc = cli.main(["--model", str(gemma_dir), "--scheme", "q8_0", "--corpus", str(corpus), "--max-windows", "2",
+                   "--context-length", "160", "--stride", "64", "--quiet", "--json", str(out)])
+    r = json.loads(out.read_text())
+    assert rc == (0 if r["passed"] else 1)
+    assert r["kv_geometry"]["layer_windows"] == [WINDOW, WINDOW, 0, WINDOW]
+    stored = r["compression"]["num_elements"]
+    ctx = [w["context_tokens"] for w in r["window_nlls"] if w["compressed"]]
+    g_ = r["kv_geometry"]
+    per_token = 2 * g_["num_kv_heads"] * g_["head_dim"]
+    assert stored == sum(per_token * (n + 3 * (WINDOW - 1)) for n in ctx)  # 1 global layer, 3 sliding

@@ -24,6 +24,7 @@ class _Page(HTMLParser):
         self.verdict = None
         self.banner_text: list[str] = []
         self.rows: dict[str, str] = {}
+        self.tables: dict[str, dict[str, str]] = {}
         self.images: list[str] = []
         self.alts: list[str] = []
         self._in_banner = 0
@@ -38,8 +39,9 @@ class _Page(HTMLParser):
             self._in_banner = 1
         elif tag == "div" and self._in_banner:
             self._in_banner += 1
-        if tag == "table" and a.get("id") == "kvlib-summary":
+        if tag == "table" and a.get("id") in ("kvlib-summary", "kvlib-timing"):
             self._in_table = True
+            self.rows = self.tables.setdefault(a["id"], {})
         if self._in_table and tag in ("th", "td"):
             self._cell = []
         if tag == "tr":
@@ -84,6 +86,7 @@ def rendered(tmp_path_factory, cli):
     html, _ = HTMLExporter(exclude_input=True).from_notebook_node(nbformat.read(executed, as_version=4))
     page = _Page()
     page.feed(html)
+    page.rows = page.tables["kvlib-summary"]
     return page, json.loads((out / "small.json").read_text()), html
 
 
@@ -134,3 +137,14 @@ def test_every_plot_is_an_embedded_image(rendered):
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # Nothing on stderr (warnings, progress bars) and no traceback reaches the reader.
     assert 'data-mime-type="application/vnd.jupyter.stderr"' not in html and "Traceback" not in html
+
+
+def test_run_log_timings_are_a_table(rendered):
+    """The run log shows the timings as a table of steps, not a Python dict."""
+    page, data, html = rendered
+    t, timing = page.tables["kvlib-timing"], data["timing"]
+    assert t["model load"] == f"{timing['model_load_s']:.1f} s" and t["total"] == f"{timing['total_s']:.1f} s"
+    assert t["pass-key retrieval"] == f"{timing['retrieval_s']:.1f} s"
+    assert t["generation agreement"] == f"{timing['agreement_s']:.1f} s"
+    assert t["scored tokens per second"] == f"{timing['scored_tokens_per_s']:.1f}"
+    assert "{'total_s'" not in html and "'model_load_s'" not in html

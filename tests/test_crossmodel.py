@@ -1,0 +1,87 @@
+"""The cross-model report (make zoo) on two tiny random-weight models of different
+layouts (Gemma-3 with sliding and global layers, Llama with full attention), saved
+as Hugging Face directories: every table cell equals the sweeps' JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from test_architectures import ARCHS, BASE, word_corpus
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from kvlib import crossmodel, crossmodel_report
+from kvlib.crossmodel import _spearman
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory, tiny_tokenizer, cli):
+    dirs = []
+    for arch in ("gemma3", "llama"):
+        d = tmp_path_factory.mktemp(f"tiny-{arch}")
+        model_type, kw = ARCHS[arch]
+        torch.manual_seed(0)
+        cfg = AutoConfig.for_model(model_type, **{**BASE, **kw, "vocab_size": len(tiny_tokenizer)})
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+        tiny_tokenizer.save_pretrained(d)
+        dirs.append(str(d))
+    corpus = word_corpus(tmp_path_factory.mktemp("corpus") / "words.txt", 900, seed=2)
+    r = crossmodel.run_models(dirs, ["q8_0", "int4", "kivi2"], corpus_name=str(corpus), max_windows=3, stride=64,
+                              context_length=160, peers=False, verbose=False)
+    out = tmp_path_factory.mktemp("zoo") / "zoo.json"
+    r.to_json(out)
+    return r, json.loads(out.read_text()), dirs
+
+
+def test_one_sweep_per_model_same_targets(result):
+    r, d, dirs = result
+    assert [s["model_spec"] for s in d["sweeps"]] == dirs
+    assert [s["kv_geometry"]["layers"] for s in d["sweeps"]] == [
+        "3 sliding (window 32) + 1 full-attention layers", "4 full-attention layers"]
+    assert {s["windows"] for s in d["sweeps"]} == {3}
+    assert set(d["snr_correlation"]["per_model"]) == set(dirs)
+    assert d["timing"]["total_s"] >= sum(d["timing"][f"{m}_s"] for m in dirs) * 0.99
+
+
+def test_delta_table_equals_the_json(result):
+    _, d, dirs = result
+    headers, rows = crossmodel_report.delta_rows(d)
+    assert headers == ["scheme", "bits/elem", *dirs]
+    by = {(sw["model_spec"], s["name"]): s for sw in d["sweeps"] for s in sw["schemes"]}
+    assert [row[0] for row in rows] == ["q8_0", "int4", "kivi2"]
+    for row in rows:
+        for m, cell in zip(dirs, row[2:]):
+            s = by[(m, row[0])]
+            shown = re.search(r">([+-][0-9.]+)<", cell).group(1)
+            assert shown == f"{s['context_delta']:+.3f}"
+            assert f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]" in cell and f"KLD {s['kld_mean']:.4f}" in cell
+    geo = crossmodel_report.geometry_rows(d)
+    assert [g[5] for g in geo] == [sw["kv_geometry"]["layers"] for sw in d["sweeps"]]
+    assert [g[3] for g in geo] == ["1 / 4", "2 / 4"]
+
+
+def test_readings_and_plot(result):
+    r, d, _ = result
+    text = crossmodel_report.snr_reading(d)
+    pooled = d["snr_correlation"]["pooled"]["key_snr"]
+    assert f"key SNR {pooled:+.2f}" in text and "Within each model" in text
+    fig = crossmodel_report.plot_snr_vs_kld(r)
+    assert fig.png[:8] == b"\x89PNG\r\n\x1a\n" and "rank correlation" in fig.alt
+    banner = crossmodel_report.banner(d).data
+    assert f"of {len(d['sweeps'])} models have a robust scheme" in banner
+
+
+def test_spearman():
+    assert _spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert _spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert _spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # ties share ranks (scipy)
+    assert math.isnan(_spearman([1, 2], [2, 1])) and math.isnan(_spearman([1, 1, 1], [1, 2, 3]))
+    assert _spearman([1, None, 3, 4, float("nan")], [1, 5, 2, 3, 9]) == pytest.approx(1.0)
+
+
+def test_bad_model_fails_before_any_sweep(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        crossmodel.run_models(["embedded", str(tmp_path / "nope.gguf")], ["int4"], verbose=False)
