@@ -97,6 +97,40 @@ def preset_table(cli: str, src: Path, runs: int, memcopy: float) -> None:
           "   same code with the AVX2 kernels off, which is what a CPU without AVX2 runs)\n")
 
 
+TARGET_HALF_OF_F32 = 0.85  # F16/BF16 compress+restore, elements/s, against F32 of the same preset
+
+
+def half_copies(src: Path, tmp: Path) -> dict[str, Path]:
+    """The same cache as F16 and BF16 safetensors (each value rounded to nearest even once)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(src))
+    out = {"F32": src}
+    for name, dt in (("F16", torch.float16), ("BF16", torch.bfloat16)):
+        out[name] = tmp / f"kv2048.{name}.safetensors"
+        save_file({k: v.to(dt) for k, v in tensors.items()}, str(out[name]))
+    return out
+
+
+def dtype_table(src: Path, tmp: Path, runs: int) -> None:
+    """Every preset on F32, F16 and BF16 copies of the same cache, in elements per second, and what the
+    F16C/AVX2 conversions bring against the portable Go ones (same run)."""
+    files = half_copies(src, tmp)
+    size = {"F32": 4, "F16": 2, "BF16": 2}
+    print(f"  preset    F32 Melem/s   F16 Melem/s (/F32)        BF16 Melem/s (/F32)       target   "
+          f"F16 portable  BF16 portable")
+    for name in presets():
+        rate = {dt: go_bench(f, runs, name, "CompressRestore")["CompressRestore"] / size[dt] for dt, f in files.items()}
+        port = {dt: go_bench(files[dt], max(3, runs // 4), name, "CompressRestore", portable=True)["CompressRestore"]
+                / size[dt] for dt in ("F16", "BF16")}
+        r16, rb = rate["F16"] / rate["F32"], rate["BF16"] / rate["F32"]
+        ok = "met " if min(r16, rb) >= TARGET_HALF_OF_F32 else "MISS"
+        print(f"  {name:7s} {rate['F32']:9.0f}   {rate['F16']:9.0f} ({r16:5.3f})   {rate['BF16']:9.0f} ({rb:5.3f})   "
+              f">={TARGET_HALF_OF_F32} {ok} {port['F16']:9.0f}    {port['BF16']:9.0f}")
+    print("  (millions of cache elements per second, compress+restore, 2 goroutines; portable: the same code with\n"
+          "   the AVX2 kernels and the F16C/AVX2 conversions off)\n")
+
+
 def coder_choice(cache_file: Path, runs: int) -> None:
     """Why the lossless stage is Huffman-only: both stdlib coders on int4 codes, same run."""
     env = dict(os.environ, KVQ_BENCH_FILE=str(cache_file), GOTOOLCHAIN="local", GOPROXY="off",
@@ -183,6 +217,8 @@ def main() -> None:
               f"cosine {rt['cosine_similarity']:.5f}, {rt['quality_level']}\n")
         print("== Every preset on the same cache")
         preset_table(cli, src, args.go_runs, g["Memcopy"])
+        print("== Half-precision input: every preset on F32, F16 and BF16 copies of the same cache")
+        dtype_table(src, tmp, args.go_runs)
         print("== The lossless stage on the same cache")
         coder_choice(src, max(3, args.go_runs // 4))
         lossless_table(cli, src, tmp, args.go_runs, g["Memcopy"])

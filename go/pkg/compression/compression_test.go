@@ -451,9 +451,9 @@ var benchCache = func() *safetensors.File {
 // assembly kernels off, so make bench can measure what they bring.
 func benchConfig(b *testing.B) Config {
 	if os.Getenv("KVQ_BENCH_PORTABLE") == "1" {
-		saved := useSIMD
+		saved, savedConv := useSIMD, safetensors.SetSIMD(false)
 		useSIMD = false
-		b.Cleanup(func() { useSIMD = saved })
+		b.Cleanup(func() { useSIMD = saved; safetensors.SetSIMD(savedConv) })
 	}
 	cfg := DefaultConfig()
 	if s := os.Getenv("KVQ_BENCH_SCHEME"); s != "" {

@@ -114,8 +114,8 @@ func TestReconstructionSaturatesAtDTypeLimits(t *testing.T) {
 	}
 	// The saturation itself, on BF16 values whose reconstruction would round past max.
 	y := []float32{0x1.fep127 * 1.0001, -math.MaxFloat32, 65520, -70000}
-	roundToDType(y[:2], safetensors.BF16)
-	roundToDType(y[2:], safetensors.F16)
+	roundToDType(y[:2], safetensors.BF16, make([]byte, 4))
+	roundToDType(y[2:], safetensors.F16, make([]byte, 4))
 	if y[0] != 0x1.fep127 || y[1] != -0x1.fep127 || y[2] != 65504 || y[3] != -65504 {
 		t.Errorf("saturated to %v", y)
 	}

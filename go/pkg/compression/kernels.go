@@ -237,6 +237,25 @@ func scale(x []float32, c float32) {
 	}
 }
 
+// clampAbs limits x to [-lim, lim] in place. A NaN stays exactly the same
+// NaN (no comparison holds for it; the assembly's VMAXPS/VMINPS return the
+// value operand). Go's min and max would set bits of lim in a NaN's payload,
+// which reaches a BF16's bits: clamped reconstructions are never NaN for
+// finite input, but the definition is exact for every input.
+func clampAbs(x []float32, lim float32) {
+	n := simdLen(len(x))
+	if n > 0 {
+		clampAbsAVX2(x[:n], lim)
+	}
+	for i := n; i < len(x); i++ {
+		if v := x[i]; v > lim {
+			x[i] = lim
+		} else if v < -lim {
+			x[i] = -lim
+		}
+	}
+}
+
 // The ggml block kernels take one block of GGMLBlock (32) values.
 
 // argAbsMax32 returns the first index of the largest |x| and its bits.

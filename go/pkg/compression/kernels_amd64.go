@@ -1,22 +1,9 @@
 package compression
 
-// haveSIMD reports AVX2 on the CPU and its registers enabled by the OS.
-var haveSIMD = func() bool {
-	maxLeaf, _, _, _ := cpuid(0, 0)
-	if maxLeaf < 7 {
-		return false
-	}
-	_, _, c, _ := cpuid(1, 0)
-	const osxsave, avx = 1 << 27, 1 << 28
-	if c&osxsave == 0 || c&avx == 0 || xgetbv0()&6 != 6 { // XMM and YMM state
-		return false
-	}
-	_, b, _, _ := cpuid(7, 0)
-	return b&(1<<5) != 0 // AVX2
-}()
+import "kvlib/pkg/cpu"
 
-func cpuid(leaf, sub uint32) (a, b, c, d uint32)
-func xgetbv0() uint32
+// haveSIMD reports AVX2 on the CPU and its registers enabled by the OS.
+var haveSIMD = cpu.X86.AVX2
 
 // The assembly kernels (kernels_amd64.s); see their Go versions in kernels.go.
 
@@ -55,6 +42,9 @@ func hadamardStageAVX2(x []float32, h int)
 
 //go:noescape
 func scaleAVX2(x []float32, c float32)
+
+//go:noescape
+func clampAbsAVX2(x []float32, lim float32)
 
 //go:noescape
 func argAbsMax32AVX2(x []float32) (i int, abits uint32)

@@ -45,24 +45,6 @@ splat(mul4, $0x0401040104010401)
 
 splat(wmul16, $0x0010000100100001)
 
-// func cpuid(leaf, sub uint32) (a, b, c, d uint32)
-TEXT ·cpuid(SB), NOSPLIT, $0-24
-	MOVL leaf+0(FP), AX
-	MOVL sub+4(FP), CX
-	CPUID
-	MOVL AX, a+8(FP)
-	MOVL BX, b+12(FP)
-	MOVL CX, c+16(FP)
-	MOVL DX, d+20(FP)
-	RET
-
-// func xgetbv0() uint32
-TEXT ·xgetbv0(SB), NOSPLIT, $0-4
-	MOVL $0, CX
-	XGETBV
-	MOVL AX, ret+0(FP)
-	RET
-
 // func absMaxBitsAVX2(x []float32) uint32
 TEXT ·absMaxBitsAVX2(SB), NOSPLIT, $0-28
 	MOVQ x_base+0(FP), SI
@@ -482,6 +464,33 @@ hs_next:
 	JMP  hs_block
 
 hs_done:
+	VZEROUPPER
+	RET
+
+// func clampAbsAVX2(x []float32, lim float32)
+// VMAXPS/VMINPS return their second source when either is NaN: with the
+// value second, a NaN passes through unchanged, as Go's min(max(v, -lim), lim).
+TEXT ·clampAbsAVX2(SB), NOSPLIT, $0-28
+	MOVQ         x_base+0(FP), SI
+	MOVQ         x_len+8(FP), CX
+	SHRQ         $3, CX
+	VBROADCASTSS lim+24(FP), Y1
+	VPCMPEQD     Y2, Y2, Y2
+	VPSLLD       $31, Y2, Y2
+	VXORPS       Y1, Y2, Y2 // -lim
+
+clamp_loop:
+	TESTQ   CX, CX
+	JZ      clamp_done
+	VMOVUPS (SI), Y0
+	VMAXPS  Y0, Y2, Y0
+	VMINPS  Y0, Y1, Y0
+	VMOVUPS Y0, (SI)
+	ADDQ    $32, SI
+	DECQ    CX
+	JMP     clamp_loop
+
+clamp_done:
 	VZEROUPPER
 	RET
 

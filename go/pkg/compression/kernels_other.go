@@ -27,3 +27,4 @@ func argAbsMax32AVX2([]float32) (int, uint32)                                  {
 func offsetCodes32AVX2([]uint8, []float32, float32, float32, float32, float32) { noSIMD() }
 func roundCodes32AVX2([]uint8, []float32, float32)                             { noSIMD() }
 func transposeAVX2([]float32, []float32, int, int)                             { noSIMD() }
+func clampAbsAVX2([]float32, float32)                                          { noSIMD() }

@@ -13,11 +13,12 @@ import (
 	"kvlib/pkg/safetensors"
 )
 
-// withPortable runs fn with the assembly kernels switched off.
+// withPortable runs fn with the assembly kernels, and the F16/BF16
+// conversions' assembly, switched off.
 func withPortable(fn func()) {
-	saved := useSIMD
+	saved, savedConv := useSIMD, safetensors.SetSIMD(false)
 	useSIMD = false
-	defer func() { useSIMD = saved }()
+	defer func() { useSIMD = saved; safetensors.SetSIMD(savedConv) }()
 	fn()
 }
 
@@ -197,6 +198,15 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"clampAbs": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, lim := range []float32{65504, 0x1.fep127, 1} {
+				v := slices.Clone(x)
+				clampAbs(v, lim)
+				s += bitsOf(v)
+			}
+			return s
+		},
 		"RotateRows": func(x []float32, r *rand.Rand) string {
 			var s string
 			for _, d := range []int{1, 2, 4, 8, 16, 64, 128} {
@@ -249,7 +259,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs
@@ -298,11 +308,15 @@ func TestMinMaxOrdersSignedZeros(t *testing.T) {
 func TestCompressSIMDMatchesPortable(t *testing.T) {
 	needSIMD(t)
 	src := randomCache(5, 2, 2, 77, 64)
-	f16 := randomCache(6, 1, 2, 50, 32)
-	for i := range f16.Tensors {
-		x, _ := f16.Tensors[i].Float32s(nil)
-		f16.Tensors[i], _ = safetensors.NewFloatTensor(f16.Tensors[i].Name, safetensors.F16, f16.Tensors[i].Shape, x)
+	half := func(dt safetensors.DType, seed int64) *safetensors.File {
+		f := randomCache(seed, 1, 2, 50, 32)
+		for i := range f.Tensors {
+			x, _ := f.Tensors[i].Float32s(nil)
+			f.Tensors[i], _ = safetensors.NewFloatTensor(f.Tensors[i].Name, dt, f.Tensors[i].Shape, x)
+		}
+		return f
 	}
+	f16, bf16 := half(safetensors.F16, 6), half(safetensors.BF16, 8)
 	specs := append(PresetNames(), "k=asym3/g48/channel,v=sym5/g40", "k=sym4/g64/rot/out0.01,v=asym4/g64/rot/res16",
 		"k=asym2/g32/channel/res8,v=sym6/g16/out0.02", "int4+lossless")
 	for _, name := range specs {
@@ -310,7 +324,7 @@ func TestCompressSIMDMatchesPortable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, f := range []*safetensors.File{src, f16} {
+		for _, f := range []*safetensors.File{src, f16, bf16} {
 			cfg := Config{Spec: spec, Thresholds: DefaultThresholds}
 			got, err := Compress(f, cfg)
 			if err != nil {
@@ -416,4 +430,31 @@ func TestSharedVectorsPortable(t *testing.T) {
 		TestSharedVectors(t)
 		TestSharedVectorsV2(t)
 	})
+}
+
+// TestClampKeepsNaNAndSaturates pins clampAbs on both paths where the
+// vector instructions and Go's min/max could differ: NaNs of either sign
+// with payloads, infinities and signed zeros.
+func TestClampKeepsNaNAndSaturates(t *testing.T) {
+	in := []uint32{0x7fc00000, 0xffc00000, 0x7f800001, 0xff812345, 0x7f800000, 0xff800000, 0, 0x80000000,
+		0x477fe000, 0x477ff000, 0xc77ff000, 0x3f800000, 0x7f7fffff, 0xff7fffff, 0x00000001, 0x80000001}
+	x := make([]float32, len(in))
+	for i, b := range in {
+		x[i] = math.Float32frombits(b)
+	}
+	for _, lim := range []float32{65504, 0x1.fep127} {
+		got := slices.Clone(x)
+		clampAbs(got, lim)
+		want := slices.Clone(x)
+		withPortable(func() { clampAbs(want, lim) })
+		for i := range x {
+			g, w := math.Float32bits(got[i]), math.Float32bits(want[i])
+			if g != w {
+				t.Errorf("lim %g, %#08x: asm %#08x, Go %#08x", lim, in[i], g, w)
+			}
+			if v := float64(x[i]); !math.IsNaN(v) && math.Abs(float64(got[i])) > float64(lim) {
+				t.Errorf("lim %g: %#08x not clamped: %g", lim, in[i], got[i])
+			}
+		}
+	}
 }

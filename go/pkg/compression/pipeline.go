@@ -165,6 +165,14 @@ type task struct{ tensor, chunk int }
 type chunkScratch struct {
 	x, a, b, y []float32
 	q          []int8
+	h          []byte // a half-precision chunk, when the reconstruction is measured but not kept
+}
+
+func (s *chunkScratch) half(n int) []byte {
+	if len(s.h) < n {
+		s.h = make([]byte, n)
+	}
+	return s.h[:n]
 }
 
 func (s *chunkScratch) get(l *layout) *chunkScratch {
@@ -431,8 +439,12 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 		}
 	}
 	j.out.restore(y, nlo, nhi)
-	roundToDType(y, j.dtype)
-	if j.restored != nil && !direct {
+	switch {
+	case j.dtype != safetensors.F32 && j.restored != nil:
+		roundToDType(y, j.dtype, j.restored[nlo*esz:nhi*esz]) // written once, in place
+	case j.dtype != safetensors.F32:
+		roundToDType(y, j.dtype, s.half(len(y)*esz))
+	case j.restored != nil && !direct:
 		safetensors.EncodeFloat32s(j.restored[nlo*esz:nhi*esz], y, j.dtype)
 	}
 	return y, nil
@@ -547,22 +559,22 @@ func call(fn func(worker, i int) error, w, i int) (err error) {
 	return fn(w, i)
 }
 
-// roundToDType rounds float32 values to what dtype dt can hold, saturating
-// at its largest finite value (a reconstruction never becomes Inf), so
-// metrics measure the reconstruction exactly as it is written.
-func roundToDType(y []float32, dt safetensors.DType) {
+// roundToDType writes y to buf in dtype dt (F16 or BF16; F32 is left as it
+// is), saturating at dt's largest finite value (a reconstruction never
+// becomes Inf), and reads it back into y, so metrics measure the
+// reconstruction exactly as it is written. buf holds 2*len(y) bytes: the
+// restored tensor's own bytes, or scratch when nothing is restored.
+func roundToDType(y []float32, dt safetensors.DType, buf []byte) {
 	switch dt {
 	case safetensors.F16:
-		const lim = 65504
-		for i, v := range y {
-			y[i] = safetensors.FP16ToFloat32(safetensors.Float32ToFP16(min(max(v, -lim), lim)))
-		}
+		clampAbs(y, 65504)
 	case safetensors.BF16:
-		const lim = 0x1.fep127 // BF16's largest finite value
-		for i, v := range y {
-			y[i] = safetensors.BF16ToFloat32(safetensors.Float32ToBF16(min(max(v, -lim), lim)))
-		}
+		clampAbs(y, 0x1.fep127) // BF16's largest finite value
+	default:
+		return
 	}
+	safetensors.EncodeFloat32s(buf, y, dt)
+	safetensors.DecodeFloat32s(y, buf, dt)
 }
 
 // Decompress restores every tensor of a compressed file in its source

@@ -6,6 +6,27 @@ import (
 	"unsafe"
 )
 
+// useSIMD selects the assembly conversions (AVX2 and F16C, little-endian
+// amd64); the Go functions below define their bits and run everywhere else.
+var useSIMD = haveSIMD
+
+// SetSIMD switches the assembly conversions on or off (when the CPU has
+// them) and returns the previous setting: tests and benchmarks compare the
+// two paths with it.
+func SetSIMD(on bool) bool {
+	prev := useSIMD
+	useSIMD = on && haveSIMD
+	return prev
+}
+
+// simdLen is the prefix of n values the assembly conversions take.
+func simdLen(n int) int {
+	if !useSIMD {
+		return 0
+	}
+	return n &^ 7
+}
+
 // FP16ToFloat32 converts IEEE 754 binary16 bits to float32 (exactly).
 func FP16ToFloat32(h uint16) float32 {
 	sign := uint32(h&0x8000) << 16
@@ -104,12 +125,20 @@ func DecodeFloat32s(dst []float32, src []byte, dt DType) {
 		}
 	case F16:
 		src = src[:2*len(dst)]
-		for i := range dst {
+		n := simdLen(len(dst))
+		if n > 0 {
+			decodeF16AVX2(dst[:n], src[:2*n])
+		}
+		for i := n; i < len(dst); i++ {
 			dst[i] = FP16ToFloat32(binary.LittleEndian.Uint16(src[2*i : 2*i+2]))
 		}
 	case BF16:
 		src = src[:2*len(dst)]
-		for i := range dst {
+		n := simdLen(len(dst))
+		if n > 0 {
+			decodeBF16AVX2(dst[:n], src[:2*n])
+		}
+		for i := n; i < len(dst); i++ {
 			dst[i] = BF16ToFloat32(binary.LittleEndian.Uint16(src[2*i : 2*i+2]))
 		}
 	default:
@@ -135,13 +164,21 @@ func EncodeFloat32s(dst []byte, src []float32, dt DType) {
 		}
 	case F16:
 		dst = dst[:2*len(src)]
-		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:2*i+2], Float32ToFP16(v))
+		n := simdLen(len(src))
+		if n > 0 {
+			encodeF16AVX2(dst[:2*n], src[:n])
+		}
+		for i := n; i < len(src); i++ {
+			binary.LittleEndian.PutUint16(dst[2*i:2*i+2], Float32ToFP16(src[i]))
 		}
 	case BF16:
 		dst = dst[:2*len(src)]
-		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:2*i+2], Float32ToBF16(v))
+		n := simdLen(len(src))
+		if n > 0 {
+			encodeBF16AVX2(dst[:2*n], src[:n])
+		}
+		for i := n; i < len(src); i++ {
+			binary.LittleEndian.PutUint16(dst[2*i:2*i+2], Float32ToBF16(src[i]))
 		}
 	default:
 		panic("safetensors: EncodeFloat32s to " + string(dt))
