@@ -11,6 +11,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,17 @@ class CrossModelResult:
 
     def to_json(self, path: str | os.PathLike) -> None:
         write_json(self.to_dict(), path)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "CrossModelResult":
+        """A result written by to_json (to re-render a report without running the models again)."""
+        import json
+
+        d = json.loads(Path(path).read_text())
+        try:
+            return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        except KeyError as e:
+            raise ValueError(f"{path}: not a kvlib cross-model result (no {e.args[0]!r})") from None
 
     def to_points(self) -> list[dict[str, Any]]:
         """One row per (model, scheme): gated delta, KLD, top-1, bits and key/value SNR."""

@@ -19,11 +19,15 @@ def _as_dict(result: CrossModelResult | dict[str, Any]) -> dict[str, Any]:
     return result.to_dict() if isinstance(result, CrossModelResult) else result
 
 
-def _table(table_id: str, headers: list[str], rows: list[list[str]]):
+def _table(table_id: str, headers: list[str], rows: list[list[str]], wrap: tuple[int, ...] = ()):
+    """An HTML table; the columns in ``wrap`` (long text) wrap, the others stay on one line."""
     from IPython.display import HTML
 
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td style="white-space:nowrap">{c}</td>' for c in r) + "</tr>" for r in rows)
+    head = "".join(f'<th style="text-align:{"left" if i in wrap else "right"}">{html.escape(h)}</th>'
+                   for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(
+        f'<td style="white-space:{"normal;text-align:left;min-width:14em" if i in wrap else "nowrap"}">{c}</td>'
+        for i, c in enumerate(r)) + "</tr>" for r in rows)
     return HTML(f'<table id="{table_id}" style="font-size:12.5px"><thead><tr>{head}</tr></thead>'
                 f'<tbody>{body}</tbody></table>')
 
@@ -46,7 +50,7 @@ def geometry_rows(result: CrossModelResult | dict[str, Any]) -> list[list[str]]:
 def geometry_table(result: CrossModelResult | dict[str, Any]):
     return _table("kvlib-zoo-models", ["model", "weights", "layers", "KV / query heads", "head_dim", "layer types",
                                        "windows (gated tokens)", "baseline ppl (gated)", "time"],
-                  geometry_rows(result))
+                  geometry_rows(result), wrap=(1, 5))
 
 
 def _cell(p: dict[str, Any] | None) -> str:
@@ -83,7 +87,7 @@ def recommendation_rows(result: CrossModelResult | dict[str, Any]) -> list[list[
 
 
 def recommendation_table(result: CrossModelResult | dict[str, Any]):
-    return _table("kvlib-zoo-recommendations", ["model", "use", "why"], recommendation_rows(result))
+    return _table("kvlib-zoo-recommendations", ["model", "use", "why"], recommendation_rows(result), wrap=(2,))
 
 
 def plot_snr_vs_kld(result: CrossModelResult | dict[str, Any]) -> Figure:
@@ -128,13 +132,14 @@ def snr_reading(result: CrossModelResult | dict[str, Any]) -> str:
     if within:
         lines.append("Within each model, key SNR: " + ", ".join(
             f"{html.escape(m)} {fmt(v['key_snr'], '+.2f')}" for m, v in per.items()) + ".")
-        gap = float(np.nanmean(within)) - (pooled["key_snr"] if math.isfinite(pooled["key_snr"]) else math.nan)
-        if math.isfinite(gap) and gap < -0.15:
-            lines.append("SNR ranks schemes within a model better than it ranks models against each other: the "
-                         "same SNR costs different models different amounts, so an SNR target does not transfer "
-                         "between models; measure each model.")
-        elif math.isfinite(gap):
-            lines.append("Across models SNR ranks the damage about as well as within one.")
+        mean_within = float(np.nanmean(within))
+        if math.isfinite(pooled["key_snr"]):
+            lines.append(f"Pooled over models the key-SNR correlation is {pooled['key_snr']:+.2f}, against "
+                         f"{mean_within:+.2f} within a model on average"
+                         + (": SNR orders schemes within a model better than across models." if
+                            mean_within - pooled["key_snr"] < -0.15 else ": SNR orders the damage roughly on all of "
+                            "them, but the scale differs per model."))
+    lines += _transfer(pts)
     best = {}
     for p in pts:
         if p["robust"] and (p["model"] not in best or p["bits"] < best[p["model"]]["bits"]):
@@ -143,6 +148,29 @@ def snr_reading(result: CrossModelResult | dict[str, Any]) -> str:
         lines.append("Cheapest robust scheme per model: " + ", ".join(
             f"{html.escape(m)} → {html.escape(p['scheme'])} ({p['bits']:.2f} bits)" for m, p in best.items()) + ".")
     return " ".join(lines)
+
+
+def _transfer(pts: list[dict[str, Any]]) -> list[str]:
+    """Whether a key-SNR threshold carries over: the worst key SNR one model passes robustly at,
+    against the best another fails at (kvlib's codecs only)."""
+    ok: dict[str, dict[str, Any]] = {}
+    bad: dict[str, dict[str, Any]] = {}
+    for p in pts:
+        if p["kind"] != "kvq" or not math.isfinite(p["key_snr"] or math.nan):
+            continue
+        m = p["model"]
+        if p["robust"] and (m not in ok or p["key_snr"] < ok[m]["key_snr"]):
+            ok[m] = p
+        if not p["passed"] and (m not in bad or p["key_snr"] > bad[m]["key_snr"]):
+            bad[m] = p
+    pairs = [(b, o) for b in bad.values() for o in ok.values() if b["model"] != o["model"] and b["key_snr"] > o["key_snr"]]
+    if not pairs:
+        return ["No model fails at a key SNR another passes at: on these models one key-SNR threshold would do."]
+    b, o = max(pairs, key=lambda bo: bo[0]["key_snr"] - bo[1]["key_snr"])
+    return [f"A key-SNR threshold does not carry over from one model to another: {html.escape(b['model'])} fails with "
+            f"{html.escape(b['scheme'])} at key SNR {b['key_snr']:.1f} dB (gated Δ {b['delta']:+.3f}) where "
+            f"{html.escape(o['model'])} passes robustly with {html.escape(o['scheme'])} at {o['key_snr']:.1f} dB "
+            f"(Δ {o['delta']:+.3f})."]
 
 
 def banner(result: CrossModelResult | dict[str, Any]):
