@@ -125,9 +125,30 @@ def test_quick_test_cell_runs_in_the_kvlib_kernel(server, tmp_path):
 def test_server_stops_and_leaves_no_process(server):
     base, token, proc, runtime = server
     kernel = _get(base, "/api/kernels", token, "POST", {"name": "kvlib"})["id"]  # left running on purpose
+    deadline = time.time() + 30
+    while not any(kernel in p for p in _processes(group=-1, cmdline=str(runtime))) and time.time() < deadline:
+        time.sleep(0.2)  # the probe below must see the kernel while it runs
+    assert any(kernel in p for p in _processes(group=-1, cmdline=str(runtime)))
     os.killpg(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=30) is not None
     time.sleep(1)
-    for args in (["-g", str(proc.pid)], ["-f", str(runtime)]):  # the server's group, and any kernel it started
-        left = subprocess.run(["pgrep", *args], capture_output=True, text=True).stdout.split()
-        assert left == [], f"processes left after the server stopped ({kernel}): {left}"
+    left = _processes(group=proc.pid, cmdline=str(runtime))  # the server's group, and any kernel it started
+    assert left == [], f"processes left after the server stopped ({kernel}): {left}"
+
+
+def _processes(group: int, cmdline: str) -> list[str]:
+    """Live processes in process group ``group`` or whose command line mentions ``cmdline`` (from /proc)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            args = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, pgrp = fields[0], int(fields[2])
+        if state != "Z" and (pgrp == group or cmdline in args):
+            found.append(f"{d.name}: {args[:120]}")
+    return found
