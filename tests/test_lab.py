@@ -150,5 +150,5 @@ def _processes(group: int, cmdline: str) -> list[str]:
         fields = stat.rsplit(")", 1)[1].split()
         state, pgrp = fields[0], int(fields[2])
         if state != "Z" and (pgrp == group or cmdline in args):
-            found.append(f"{d.name}: {args[:120]}")
+            found.append(f"{d.name}: {args}")
     return found
