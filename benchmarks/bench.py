@@ -245,7 +245,85 @@ def main() -> None:
           f"{full.context_delta:+.4f} (gated)\n")
     with tempfile.TemporaryDirectory(prefix="kvlib-bench-sweep-") as tmp2:
         sweep_costs(model, ids, Path(tmp2), args.sweep_windows)
+        server_costs(model, ids, make_cache(cache_layers(kv)), Path(tmp2), args.sweep_windows)
     decoding_costs()
+
+
+def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3) -> None:
+    """The codec server against the file CLI: bridge time per round trip against the codec's own
+    compute on one real cache, and in a 3-window sweep of three schemes the bridge's share of the
+    scoring time and what an extra scheme costs against its codec compute and suffix forward.
+    Best of interleaved rounds, as sweep_costs."""
+    from kvlib.codec_server import CodecServer, ServerCacheRoundtrip, SharedContext
+
+    schemes = ["int4", "kivi4", "q8_0"]
+    with CodecServer() as srv:
+        def make(backend: str, names: list[str], sub: str) -> dict:
+            if backend == "server":
+                ctx = SharedContext("SmolLM2-135M")
+                return {n: ServerCacheRoundtrip(srv, n, "SmolLM2-135M", context=ctx) for n in names}
+            fctx = ContextFile(tmp / sub / "context.safetensors", "SmolLM2-135M")
+            return {n: CLICacheRoundtrip(tmp / sub / n, n, "SmolLM2-135M", context=fctx) for n in names}
+
+        trip: dict[str, float] = {}
+        for _ in range(rounds):  # one cache, every scheme: (round trip - codec) / codec, best round
+            for backend in ("server", "cli"):
+                ts = make(backend, schemes, f"trip-{backend}")
+                wall = codec = 0.0
+                for t in ts.values():
+                    t0 = time.perf_counter()
+                    _, m = t(src_cache)
+                    wall += time.perf_counter() - t0
+                    codec += m.codec_time_ms / 1000
+                trip[backend] = min(trip.get(backend, math.inf), (wall - codec) / codec)
+        best: dict[str, float] = {}
+        share: dict[str, float] = {}
+        codec_s: dict[str, float] = {}
+        for _ in range(rounds):
+            for backend in ("server", "cli"):
+                for names in (schemes[:1], schemes):
+                    key = f"{backend}-{len(names)}"
+                    ts = make(backend, names, key)
+                    res = score_windows(model, ids, 2048, 512, ts, windows, progress=False)
+                    r = res[names[0]]
+                    if r.seconds < best.get(key, math.inf):
+                        best[key] = r.seconds
+                        share[key] = sum(sum(t.seconds.values()) for t in ts.values()) / r.seconds
+                        codec_s[key] = sum(m.codec_time_ms for x in res.values() for m in x.window_metrics) / 1000
+        suffix = suffix_forward_s(model, ids, windows)
+    extra = (best["server-3"] - best["server-1"]) / 2
+    extra_codec = (codec_s["server-3"] - codec_s["server-1"]) / 2
+    print(f"== Codec server (kv-compress serve, shared memory) against the file CLI; best of {rounds} rounds")
+    print(f"  bridge / codec compute per round trip, one 2048-token cache, {', '.join(schemes)}:")
+    print(f"    server {trip['server']:6.2f}   file CLI {trip['cli']:6.2f}   (target: round trip <= 1.5 x codec, "
+          f"i.e. bridge / codec <= 0.5: {'met' if trip['server'] <= 0.5 else 'MISS'})")
+    print(f"  sweep of {windows} windows, {len(schemes)} schemes: bridge share of scoring time "
+          f"server {100 * share['server-3']:.1f} %, file CLI {100 * share['cli-3']:.1f} % "
+          f"(scoring {best['server-3']:.1f} s against {best['cli-3']:.1f} s)")
+    print(f"  an extra scheme costs {extra:.2f} s per {windows} windows; its codec compute {extra_codec:.2f} s + its "
+          f"suffix forwards {suffix:.2f} s = {extra_codec + suffix:.2f} s: ratio {extra / (extra_codec + suffix):.3f} "
+          f"(target <= 1.10: {'met' if extra <= 1.10 * (extra_codec + suffix) else 'MISS'})")
+    print("  shared memory in use: one context copy + one reconstruction per scheme, each one window's cache\n")
+
+
+@torch.no_grad()
+def suffix_forward_s(model, ids, windows: int) -> float:
+    """The suffix forwards a scheme adds to a sweep: the last 513 tokens of each window with a
+    context against its (exact) context cache, timed alone."""
+    from kvlib.layout import context_cache, new_cache
+    from kvlib.perplexity import plan_windows
+
+    total = 0.0
+    for w in plan_windows(ids.shape[1], 2048, 512, windows):
+        if w.context_tokens == 0:
+            continue
+        x = ids[:, w.begin:w.end]
+        out = model(input_ids=x, past_key_values=new_cache(model, record_past=True), use_cache=True, logits_to_keep=1)
+        ctx = context_cache(out.past_key_values, w.context_tokens)
+        t0 = time.perf_counter()
+        model(input_ids=x[:, w.context_tokens:], past_key_values=ctx, use_cache=True)
+        total += time.perf_counter() - t0
+    return total
 
 
 def decoding_costs() -> None:

@@ -147,6 +147,13 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def file_metadata(meta: KVCacheMetadata, dtype: str) -> dict[str, str]:
+    """The safetensors header a saved cache carries (``dtype``: what it is stored as, e.g. "float32");
+    ``meta.dtype`` becomes that too."""
+    meta.dtype = dtype
+    return {k: str(v) for k, v in meta.to_dict().items() if v != ""}
+
+
 def save_kv_cache(
     cache: Any,
     path: str | os.PathLike,
@@ -165,12 +172,12 @@ def save_kv_cache(
             if t.dtype not in _SAVED_DTYPES:
                 t = t.float()
             tensors[f"layer_{i}_{kind}"] = t.detach().to("cpu").contiguous()
-    meta.dtype = _SAVED_DTYPES[tensors["layer_0_key"].dtype]
+    header = file_metadata(meta, _SAVED_DTYPES[tensors["layer_0_key"].dtype])
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata={k: str(v) for k, v in meta.to_dict().items() if v != ""})
+        save_file(tensors, tmp, metadata=header)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -10,6 +10,7 @@ the same code.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -63,6 +64,8 @@ class QuantoPeer:
     it stay exact, as with kvlib's codecs (a QuantizedCache with residual 0
     would re-quantize every generated token, a different experiment)."""
 
+    _announced = False  # the CUDA build note is printed once per process
+
     def __init__(self, config: Any, nbits: int, q_group_size: int = PEER_GROUP) -> None:
         self.config, self.nbits, self.q_group_size = config, nbits, q_group_size
         self.name = peer_name(nbits)
@@ -70,8 +73,13 @@ class QuantoPeer:
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
         from transformers.cache_utils import QuantoQuantizedLayer
 
+        layers = cache_layers(cache)
+        if layers and layers[0][0].is_cuda and not QuantoPeer._announced:
+            QuantoPeer._announced = True  # its first CUDA call is silent for minutes otherwise
+            print("kvlib: optimum-quanto builds its CUDA extension on first use (about 2 minutes, once per machine); "
+                  "--no-peers skips the peer", file=sys.stderr, flush=True)
         tensors, stored, n, restored = [], 0, 0, []
-        for i, (k, v) in enumerate(cache_layers(cache)):
+        for i, (k, v) in enumerate(layers):
             # QuantizedCache(backend="quanto") holds one of these per layer, built with these settings. It is
             # used layer by layer because QuantizedCache refuses models with sliding-window layers; here each
             # layer quantizes exactly what it stores, as kvlib's codecs do.

@@ -23,13 +23,13 @@ import numpy as np
 import torch
 
 from kvlib import bridge, cache, corpus, layout, models
-from kvlib.bridge import CLICacheRoundtrip, CompressionMetrics
+from kvlib.bridge import CompressionMetrics
 from kvlib.codec import LOSSLESS_SUFFIX, CodecConfig, resolve_codec
 from kvlib.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.gates import CI_LEVEL, CI_METHOD, PPL_DELTA_THRESHOLD, robust, verdict
 from kvlib.perplexity import PerplexityResult, plan_windows, score_windows
 from kvlib.stats import KLDSummary, bootstrap_delta_ci
-from kvlib.transforms import cache_transforms
+from kvlib.transforms import CODEC_TRANSFORMS, cache_transforms
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -216,13 +216,13 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     res = score_windows(lm, ids, max_length, stride, transforms, max_windows, progress)
     out = []
     for name, t in transforms.items():
-        spec, kind = (t.codec.spec, "kvq") if isinstance(t, CLICacheRoundtrip) else (
+        spec, kind = (t.codec.spec, "kvq") if isinstance(t, CODEC_TRANSFORMS) else (
             f"transformers QuantizedCache, quanto int{t.nbits}, group {t.q_group_size}, residual 0", "peer")
         out.append(scheme_result(name, spec, kind, res[name], threshold, res[name].transform_seconds))
     if peers and missing is not None:
         out += [SchemeResult(name=peer_name(b), spec="transformers QuantizedCache (quanto)", kind="peer", error=missing)
                 for b in PEER_BITS]
-    clis = [t for t in transforms.values() if isinstance(t, CLICacheRoundtrip)]
+    clis = [t for t in transforms.values() if isinstance(t, CODEC_TRANSFORMS)]
     timing = {f"bridge_{k}_s": sum(t.seconds[k] for t in clis) for k in ("save", "cli", "load")}
     return out, res[codecs[0].name], timing
 

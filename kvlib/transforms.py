@@ -1,6 +1,8 @@
 """The cache transforms a check compares, built once from the codec list:
-a ``kv-compress`` round trip per codec (all reading one context file per
-cache) and, when asked, transformers' QuantizedCache peer.
+a ``kv-compress`` round trip per codec (through the run's codec server, all
+reading one shared-memory copy of each context; or, when the server cannot
+start or ``KVLIB_CODEC=cli``, through the file CLI, all reading one context
+file per cache) and, when asked, transformers' QuantizedCache peer.
 
 Each is ``transform(cache) -> (cache, metrics)``; perplexity, retrieval and
 agreement all take them in this order.
@@ -14,6 +16,10 @@ from typing import Any
 
 from kvlib.bridge import CLICacheRoundtrip, ContextFile
 from kvlib.codec import CodecConfig
+from kvlib.codec_server import ServerCacheRoundtrip, SharedContext, shared_server
+
+# The transforms that run kvlib's codec (the others are the peer's).
+CODEC_TRANSFORMS = (CLICacheRoundtrip, ServerCacheRoundtrip)
 
 
 def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, model_name: str,
@@ -24,11 +30,15 @@ def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, mode
     rows of a decoding batch), each saved once for every codec."""
     from kvlib.peer import PEER_BITS, QuantoPeer, peer_name, peer_unavailable
 
-    context = ContextFile(Path(workdir) / "context.safetensors", model_name, slots=slots)
-    transforms: dict[str, Any] = {
-        c.name: CLICacheRoundtrip(Path(workdir) / f"scheme{i}", c, model_name, context=context)
-        for i, c in enumerate(codecs)
-    }
+    server = shared_server()
+    transforms: dict[str, Any]
+    if server is not None:
+        shared = SharedContext(model_name, slots=slots)
+        transforms = {c.name: ServerCacheRoundtrip(server, c, model_name, context=shared) for c in codecs}
+    else:
+        context = ContextFile(Path(workdir) / "context.safetensors", model_name, slots=slots)
+        transforms = {c.name: CLICacheRoundtrip(Path(workdir) / f"scheme{i}", c, model_name, context=context)
+                      for i, c in enumerate(codecs)}
     missing = peer_unavailable() if peers else None
     if peers and missing is None:
         for nbits in PEER_BITS:

@@ -114,8 +114,9 @@ def test_a_huge_length_is_capped_before_anything_is_built(smol):
         DecodingChecks(agreement=AgreementConfig(prompts=2, context_tokens=10**12)).check_inputs(lm, tok, 10**6, "c")
 
 
-def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, cli):
+def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, cli, monkeypatch):
     lm, tok = smol
+    monkeypatch.setenv("KVLIB_CODEC", "cli")  # the file path, whose context files this counts
     r = run_retrieval(lm, tok, [resolve_codec("int8"), resolve_codec("kivi2")], tmp_path, TINY_R, "smol")
     assert [s.name for s in r.schemes] == ["int8", "kivi2"]
     assert r.scheme("int8").found == 6  # 8-bit keeps every key
@@ -127,12 +128,16 @@ def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, c
     assert d["exact"]["found"] == 6 and d["summary"] == r.summary()
 
 
-def test_cli_roundtrip_context_is_saved_once_for_all_codecs(smol, tmp_path, cli):
+@pytest.mark.parametrize("backend", ["server", "cli"])
+def test_cli_roundtrip_context_is_saved_once_for_all_codecs(smol, tmp_path, cli, backend, monkeypatch):
     lm, tok = smol
+    from kvlib.codec_server import ServerCacheRoundtrip
     from kvlib.transforms import cache_transforms
 
+    monkeypatch.setenv("KVLIB_CODEC", backend)
     ts, missing = cache_transforms([resolve_codec("int4"), resolve_codec("q8_0")], tmp_path, "smol", slots=2)
-    assert missing is None and all(isinstance(t, CLICacheRoundtrip) for t in ts.values())
+    kind = ServerCacheRoundtrip if backend == "server" else CLICacheRoundtrip
+    assert missing is None and all(isinstance(t, kind) for t in ts.values())
     a, b = prefill(lm, [1, 2, 3, 4]), prefill(lm, [5, 6, 7, 8])
     for t in ts.values():
         for c in (a, b):

@@ -11,6 +11,7 @@
 //	kv-compress metrics    -input kv.safetensors [-scheme ...]
 //	kv-compress check      -scheme SPEC    (validate and print the canonical scheme)
 //	kv-compress schemes                    (list the presets)
+//	kv-compress serve                      (a long-lived codec: framed requests on stdin, see serve.go)
 //
 // Exit status: 0 success, 1 quality gates failed (output and JSON are still
 // written), 2 bad usage or bad input (nothing is written).
@@ -49,6 +50,7 @@ commands:
   metrics     compress in memory and print the metrics; writes nothing
   check       validate -scheme (and -bits, -group-size, -sparsity) and print it
   schemes     list the preset schemes
+  serve       answer round-trip requests on stdin/stdout, tensors in shared memory (see serve.go)
 
 -scheme takes a preset (int4 int8 asym4 kivi4 kivi2 rot4 q4_0 q4_1 q5_0
 q5_1 q8_0) or a spec such as k=asym4/g64/channel,v=asym4/g64 (see README).
@@ -57,6 +59,9 @@ Each command prints one JSON object on stdout. Exit status: 0 success,
 1 quality gates failed (output still written), 2 bad usage or bad input.
 Run 'kv-compress COMMAND -h' for the flags.
 `
+
+// stdin is what serve reads (tests replace it).
+var stdin io.Reader = os.Stdin
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -76,6 +81,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
+	}
+	if args[0] == "serve" {
+		if len(args) > 1 {
+			fmt.Fprintf(stderr, "kv-compress serve: takes no flags (the schemes come with each request)\n")
+			return exitError
+		}
+		return serve(stdin, stdout, stderr)
 	}
 	cmd := "compress" // the design documents call the CLI with flags alone
 	if args[0][0] != '-' {

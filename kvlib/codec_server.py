@@ -1,0 +1,283 @@
+"""The codec as a long-lived process: ``kv-compress serve``, the same Go code as
+the file commands, reached through framed JSON on a pipe, with the tensors in
+shared memory. A round trip then costs no process start, no file and no
+parsing: the context cache is copied once into shared memory per window (for
+every scheme), and each reconstruction lands in a buffer torch wraps without a
+copy.
+
+The shared memory is a memfd (``os.memfd_create``): the server opens it as
+``/proc/<pid>/fd/<n>``, nothing ever appears in ``/dev/shm``, and the kernel
+frees it when both processes are gone, however they end. The server reads
+requests on its stdin, so it exits when this process does (even on SIGKILL,
+when the pipe closes). ``transforms.cache_transforms`` starts one server per
+run and falls back to the file CLI, with a one-line warning, when it cannot.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from kvlib.bridge import CompressionMetrics, find_cli_binary
+from kvlib.cache import cache_layers, file_metadata, metadata_of
+from kvlib.codec import CodecConfig, resolve_codec
+from kvlib.layout import cache_like
+
+ALIGN = 64  # bytes: every tensor starts on a cache line
+_DTYPES = {torch.float32: ("F32", 4), torch.float16: ("F16", 2)}
+_TORCH = {"F32": torch.float32, "F16": torch.float16}
+_NAMES = {"F32": "float32", "F16": "float16"}  # as save_kv_cache records the stored dtype
+
+
+class CodecServerError(RuntimeError):
+    """The server could not start, died, or answered a request with an error."""
+
+
+class SharedSegment:
+    """``size`` bytes of shared memory (a memfd) mapped here, named for the server by a /proc path."""
+
+    def __init__(self, size: int, name: str = "kvlib") -> None:
+        self.size = size
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.buf = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+
+    def segment(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size}
+
+    def close(self) -> None:
+        try:
+            self.buf.close()
+        except BufferError:  # a tensor still views it: the mapping goes with the last view
+            pass
+        os.close(self.fd)
+
+
+def _layout(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[dict[str, Any]], int]:
+    """Where each tensor lies in a segment, and the segment's size. Named, typed and ordered as
+    save_kv_cache's file holds them (safetensors orders tensors by name), so the codec sees the
+    same tensors in the same order and pools its sums identically."""
+    refs, off = [], 0
+    named = sorted((f"layer_{i}_{role}", t) for i, (k, v) in enumerate(layers) for role, t in (("key", k), ("value", v)))
+    for name, t in named:
+        dt, size = _DTYPES.get(t.dtype, _DTYPES[torch.float32])  # bfloat16 travels as float32, as in a file
+        refs.append({"name": name, "dtype": dt, "shape": list(t.shape), "offset": off})
+        off += -(-t.numel() * size // ALIGN) * ALIGN
+    return refs, max(off, ALIGN)
+
+
+def _by_name(refs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in refs}
+
+
+def _view(seg: SharedSegment, ref: dict[str, Any]) -> torch.Tensor:
+    dt = _TORCH[ref["dtype"]]
+    n = 1
+    for d in ref["shape"]:
+        n *= d
+    return torch.frombuffer(seg.buf, dtype=dt, count=n, offset=ref["offset"]).view(ref["shape"])
+
+
+class CodecServer:
+    """One ``kv-compress serve`` process and its pipe. ``request`` sends a frame and waits for
+    the answer; a server that dies is restarted once, then CodecServerError."""
+
+    def __init__(self, cli: str | None = None, start_timeout: float = 10.0) -> None:
+        self.cli = cli or find_cli_binary()
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self._next_id = 0
+        self._lock = threading.Lock()
+        self._start()
+
+    def _start(self) -> None:
+        try:
+            self.proc = subprocess.Popen([self.cli, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE)
+        except OSError as e:
+            raise CodecServerError(f"cannot start {self.cli} serve: {e}") from None
+        try:
+            self._exchange({"op": "ping"})
+        except CodecServerError:
+            self.close()
+            raise
+
+    def _exchange(self, req: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        self._next_id += 1
+        req = {"id": self._next_id, **req}
+        body = json.dumps(req).encode()
+        try:
+            self.proc.stdin.write(struct.pack("<I", len(body)) + body)
+            self.proc.stdin.flush()
+            head = self.proc.stdout.read(4)
+            if len(head) < 4:
+                raise EOFError
+            (n,) = struct.unpack("<I", head)
+            data = self.proc.stdout.read(n)
+            if len(data) < n:
+                raise EOFError
+        except (BrokenPipeError, EOFError, OSError):
+            raise CodecServerError(f"kv-compress serve died: {self._stderr_tail()}") from None
+        resp = json.loads(data)
+        if resp.get("id") != req["id"]:
+            raise CodecServerError(f"kv-compress serve answered request {resp.get('id')}, expected {req['id']}")
+        return resp
+
+    def _stderr_tail(self) -> str:
+        if self.proc is None:
+            return "not running"
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "no reply"
+        err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.stderr else ""
+        return f"exit {self.proc.returncode}" + (f": {err.splitlines()[-1]}" if err else "")
+
+    def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """One request's answer; restarts a dead server once. A request the server refuses
+        raises CodecServerError with its one-line reason."""
+        with self._lock:
+            try:
+                resp = self._exchange(req)
+            except CodecServerError as e:
+                if self.restarts >= 1:
+                    raise
+                print(f"kvlib: warning: {e}; restarting it once", file=sys.stderr, flush=True)
+                self.restarts += 1
+                self.close()
+                self._start()
+                resp = self._exchange(req)
+        if resp.get("error"):
+            raise CodecServerError(f"kv-compress serve: {resp['error']}")
+        return resp
+
+    def close(self) -> None:
+        """Stop the server (end of its stdin, then a kill after 5 s) and reap it."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            if p.stdin:
+                p.stdin.close()
+            p.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            p.kill()
+            p.wait()
+        for f in (p.stdout, p.stderr):
+            if f:
+                f.close()
+
+    def __enter__(self) -> "CodecServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_shared: CodecServer | None = None
+
+
+def shared_server() -> CodecServer | None:
+    """The run's codec server, started on first use and stopped at exit; None (with a one-line
+    warning) when it cannot start or ``KVLIB_CODEC=cli`` asks for the file CLI."""
+    global _shared
+    if os.environ.get("KVLIB_CODEC", "server") == "cli":
+        return None
+    if _shared is None or _shared.proc is None:
+        try:
+            _shared = CodecServer()
+        except (CodecServerError, FileNotFoundError) as e:
+            print(f"kvlib: warning: the codec server cannot start ({' '.join(str(e).split())}); "
+                  f"using the file CLI", file=sys.stderr, flush=True)
+            return None
+        atexit.register(_shared.close)
+    return _shared
+
+
+class SharedContext:
+    """The context cache in shared memory: each window's written once, whichever schemes read it
+    (the shared-memory counterpart of bridge.ContextFile, with the same ``slots``)."""
+
+    def __init__(self, model_name: str = "unknown", slots: int = 1) -> None:
+        self.model_name, self.slots = model_name, slots
+        self._held: list[tuple[Any, SharedSegment, list[dict[str, Any]], dict[str, str]]] = []
+        self.writes = 0
+
+    def segment_for(self, cache: Any) -> tuple[SharedSegment, list[dict[str, Any]], dict[str, str]]:
+        for held, seg, refs, meta in self._held:
+            if held is cache:
+                return seg, refs, meta
+        layers = cache_layers(cache)
+        refs, size = _layout(layers)
+        if len(self._held) == self.slots:
+            _, seg, _, _ = self._held.pop(0)
+            if seg.size < size:
+                seg.close()
+                seg = SharedSegment(size, "kvlib-context")
+        else:
+            seg = SharedSegment(size, "kvlib-context")
+        where = _by_name(refs)
+        for i, (k, v) in enumerate(layers):
+            for role, t in (("key", k), ("value", v)):
+                ref = where[f"layer_{i}_{role}"]
+                _view(seg, ref).copy_(t.detach().to("cpu", _TORCH[ref["dtype"]]))
+        meta = file_metadata(metadata_of(cache, self.model_name), _NAMES[refs[0]["dtype"]])
+        self._held.append((cache, seg, refs, meta))
+        self.writes += 1
+        return seg, refs, meta
+
+
+class ServerCacheRoundtrip:
+    """A cache transform through the codec server: ``transform(cache) -> (cache, CompressionMetrics)``,
+    the same reconstruction and metrics as ``bridge.CLICacheRoundtrip`` to the bit.
+
+    The returned cache's tensors view this transform's output buffer (on CPU; on CUDA they are
+    copied to the device): it stays valid until this transform's next call."""
+
+    def __init__(self, server: CodecServer, codec: CodecConfig | str | None = None, model_name: str = "unknown",
+                 context: SharedContext | None = None) -> None:
+        self.server, self.codec, self.model_name = server, resolve_codec(codec), model_name
+        self.context = context or SharedContext(model_name)
+        self.out: SharedSegment | None = None
+        self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
+        self.calls = 0
+
+    def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
+        layers = cache_layers(cache)
+        k0 = layers[0][0]
+        t0 = time.perf_counter()
+        seg, refs, meta = self.context.segment_for(cache)
+        if self.out is None or self.out.size != seg.size:
+            if self.out is not None:
+                self.out.close()
+            self.out = SharedSegment(seg.size, "kvlib-restored")
+        t1 = time.perf_counter()
+        resp = self.server.request({"op": "roundtrip", "input": seg.segment(), "metadata": meta, "tensors": refs,
+                                    "schemes": [{"args": self.codec.cli_args(), "output": self.out.segment()}]})
+        t2 = time.perf_counter()
+        where = _by_name(refs)
+        restored = cache_like(cache, [tuple(_view(self.out, where[f"layer_{i}_{role}"]).to(k0.device, k0.dtype)
+                                            for role in ("key", "value")) for i in range(len(layers))])
+        t3 = time.perf_counter()
+        self.seconds["save"] += t1 - t0
+        self.seconds["cli"] += t2 - t1
+        self.seconds["load"] += t3 - t2
+        self.calls += 1
+        return restored, CompressionMetrics.from_dict(resp["results"][0])
