@@ -185,3 +185,21 @@ def test_nothing_is_left_behind(cli, tmp_path):
         pytest.fail(f"kv-compress serve {server_pid} outlived its killed parent")
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert shm_after - shm_before == set()
+
+
+def test_overlapped_scoring_gives_the_same_numbers(embedded):
+    """With the codec of window w in a second thread during window w+1's forward, every window's
+    NLLs, KLD and top-1 are those of the sequential loop, with the peer as well."""
+    from kvlib.corpus import load_corpus, tokenize
+    from kvlib.perplexity import score_windows
+    from kvlib.transforms import cache_transforms
+
+    lm, tok = embedded
+    ids = tokenize(tok, load_corpus("embedded"))[:, :1400]
+    out = {}
+    for overlap in (False, True):
+        ts, _ = cache_transforms([resolve_codec("int4"), resolve_codec("kivi2")], "/tmp", "smol", lm.config, peers=True)
+        res = score_windows(lm, ids, 512, 256, ts, 4, progress=False, overlap=overlap)
+        out[overlap] = {k: [(w.index, w.baseline_nll, w.compressed_nll, w.kld, w.top1_agree, w.compressed)
+                            for w in r.windows] for k, r in res.items()}
+    assert out[True] == out[False] and len(out[True]) == 4 and len(out[True]["int4"]) == 4
