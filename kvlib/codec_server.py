@@ -102,6 +102,7 @@ class CodecServer:
         self.start_timeout = start_timeout
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.requests = 0  # answered round trips, however many schemes each carried
         self._next_id = 0
         self._lock = threading.Lock()
         self._start()
@@ -166,6 +167,7 @@ class CodecServer:
                 resp = self._exchange(req)
         if resp.get("error"):
             raise CodecServerError(f"kv-compress serve: {resp['error']}")
+        self.requests += 1
         return resp
 
     def close(self) -> None:
@@ -259,25 +261,42 @@ class ServerCacheRoundtrip:
         self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
         self.calls = 0
 
+    @property
+    def batch_with(self) -> tuple[int, int]:
+        """Transforms with the same server and context can share one request (``run_batch``)."""
+        return id(self.server), id(self.context)
+
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
+        (restored, metrics, _), = self.run_batch([self], cache)
+        return restored, metrics
+
+    @staticmethod
+    def run_batch(ts: list["ServerCacheRoundtrip"], cache: Any) -> list[tuple[Any, CompressionMetrics, float]]:
+        """Every transform of ``ts`` (one server, one context) on ``cache`` in one request: the
+        context crosses once and the server runs the schemes in turn. (cache, metrics, seconds) each."""
         layers = cache_layers(cache)
         k0 = layers[0][0]
         t0 = time.perf_counter()
-        seg, refs, meta = self.context.segment_for(cache)
-        if self.out is None or self.out.size != seg.size:
-            if self.out is not None:
-                self.out.close()
-            self.out = SharedSegment(seg.size, "kvlib-restored")
+        seg, refs, meta = ts[0].context.segment_for(cache)
+        for t in ts:
+            if t.out is None or t.out.size != seg.size:
+                if t.out is not None:
+                    t.out.close()
+                t.out = SharedSegment(seg.size, "kvlib-restored")
         t1 = time.perf_counter()
-        resp = self.server.request({"op": "roundtrip", "input": seg.segment(), "metadata": meta, "tensors": refs,
-                                    "schemes": [{"args": self.codec.cli_args(), "output": self.out.segment()}]})
+        resp = ts[0].server.request({"op": "roundtrip", "input": seg.segment(), "metadata": meta, "tensors": refs,
+                                     "schemes": [{"args": t.codec.cli_args(), "output": t.out.segment()} for t in ts]})
         t2 = time.perf_counter()
-        where = _by_name(refs)
-        restored = cache_like(cache, [tuple(_view(self.out, where[f"layer_{i}_{role}"]).to(k0.device, k0.dtype)
-                                            for role in ("key", "value")) for i in range(len(layers))])
-        t3 = time.perf_counter()
-        self.seconds["save"] += t1 - t0
-        self.seconds["cli"] += t2 - t1
-        self.seconds["load"] += t3 - t2
-        self.calls += 1
-        return restored, CompressionMetrics.from_dict(resp["results"][0])
+        where, out = _by_name(refs), []
+        for t, rep in zip(ts, resp["results"]):
+            t3 = time.perf_counter()
+            restored = cache_like(cache, [tuple(_view(t.out, where[f"layer_{i}_{role}"]).to(k0.device, k0.dtype)
+                                                for role in ("key", "value")) for i in range(len(layers))])
+            load = time.perf_counter() - t3
+            # The shared parts (the copy into shared memory, the request) are split evenly.
+            t.seconds["save"] += (t1 - t0) / len(ts)
+            t.seconds["cli"] += (t2 - t1) / len(ts)
+            t.seconds["load"] += load
+            t.calls += 1
+            out.append((restored, CompressionMetrics.from_dict(rep), (t2 - t0) / len(ts) + load))
+        return out

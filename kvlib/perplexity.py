@@ -191,13 +191,22 @@ def _baseline(model: Any, w: Window, ids: torch.Tensor, with_context: bool) -> _
 
 
 def _reconstruct(transforms: dict[str, CacheTransform], context: Any) -> dict[str, tuple[Any, Any, float]]:
-    """Every transform's (cache, metrics, seconds) of one context, in order."""
-    out = {}
-    for k, transform in transforms.items():
-        t0 = time.perf_counter()
-        cache, m = transform(context)
-        out[k] = (cache, m, time.perf_counter() - t0)
-    return out
+    """Every transform's (cache, metrics, seconds) of one context, in order. Transforms that can
+    share one request (a ``batch_with`` key and a ``run_batch``, as the codec server's) make it."""
+    groups: dict[Any, list[str]] = {}
+    for k, t in transforms.items():
+        key = getattr(t, "batch_with", None)
+        groups.setdefault(("alone", k) if key is None else key, []).append(k)
+    done: dict[str, tuple[Any, Any, float]] = {}
+    for key, ks in groups.items():
+        if key[0] == "alone":
+            t0 = time.perf_counter()
+            cache, m = transforms[ks[0]](context)
+            done[ks[0]] = (cache, m, time.perf_counter() - t0)
+        else:
+            ts = [transforms[k] for k in ks]
+            done.update(zip(ks, type(ts[0]).run_batch(ts, context)))
+    return {k: done[k] for k in transforms}
 
 
 def _score_suffixes(model: Any, b: _Baseline, caches: dict[str, tuple[Any, Any, float]],

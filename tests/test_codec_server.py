@@ -203,3 +203,17 @@ def test_overlapped_scoring_gives_the_same_numbers(embedded):
         out[overlap] = {k: [(w.index, w.baseline_nll, w.compressed_nll, w.kld, w.top1_agree, w.compressed)
                             for w in r.windows] for k, r in res.items()}
     assert out[True] == out[False] and len(out[True]) == 4 and len(out[True]["int4"]) == 4
+
+
+def test_one_request_per_window_for_all_schemes(server, tiny_llama):
+    """score_windows sends each window's context once, with every scheme in one request."""
+    from kvlib.perplexity import score_windows
+
+    ctx = SharedContext("m")
+    ts = {s: ServerCacheRoundtrip(server, s, "m", context=ctx) for s in ("int4", "kivi4", "q8_0")}
+    before = server.requests
+    ids = torch.randint(0, 64, (1, 400), generator=torch.Generator().manual_seed(0))
+    res = score_windows(tiny_llama, ids, 160, 64, ts, 4, progress=False)
+    windows = sum(w.compressed for w in res["int4"].windows)
+    assert windows == 3 and server.requests - before == windows and ctx.writes == windows
+    assert all(t.calls == windows for t in ts.values())
