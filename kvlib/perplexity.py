@@ -190,26 +190,33 @@ def _baseline(model: Any, w: Window, ids: torch.Tensor, with_context: bool) -> _
     return b
 
 
-def _reconstruct(transforms: dict[str, CacheTransform], context: Any) -> dict[str, tuple[Any, Any, float]]:
+def _run_one(transform: CacheTransform, context: Any) -> tuple[Any, Any, float]:
+    t0 = time.perf_counter()
+    cache, m = transform(context)
+    return cache, m, time.perf_counter() - t0
+
+
+def _reconstruct(transforms: dict[str, CacheTransform], context: Any, lazy: bool = False) -> dict[str, Any]:
     """Every transform's (cache, metrics, seconds) of one context, in order. Transforms that can
-    share one request (a ``batch_with`` key and a ``run_batch``, as the codec server's) make it."""
+    share one request (a ``batch_with`` key and a ``run_batch``, as the codec server's) make it
+    now; with ``lazy`` the others are left as calls made when scored, so only one of their
+    reconstructions is alive at a time."""
     groups: dict[Any, list[str]] = {}
     for k, t in transforms.items():
         key = getattr(t, "batch_with", None)
         groups.setdefault(("alone", k) if key is None else key, []).append(k)
-    done: dict[str, tuple[Any, Any, float]] = {}
+    done: dict[str, Any] = {}
     for key, ks in groups.items():
         if key[0] == "alone":
-            t0 = time.perf_counter()
-            cache, m = transforms[ks[0]](context)
-            done[ks[0]] = (cache, m, time.perf_counter() - t0)
+            t = transforms[ks[0]]
+            done[ks[0]] = (lambda t=t: _run_one(t, context)) if lazy else _run_one(t, context)
         else:
             ts = [transforms[k] for k in ks]
             done.update(zip(ks, type(ts[0]).run_batch(ts, context)))
     return {k: done[k] for k in transforms}
 
 
-def _score_suffixes(model: Any, b: _Baseline, caches: dict[str, tuple[Any, Any, float]],
+def _score_suffixes(model: Any, b: _Baseline, caches: dict[str, Any],
                     results: dict[str, list[WindowResult]], metrics: dict[str, list[CompressionMetrics]]) -> None:
     """The suffix forward against each reconstruction, scored against the exact forward; each
     reconstruction is released once scored."""
@@ -217,7 +224,8 @@ def _score_suffixes(model: Any, b: _Baseline, caches: dict[str, tuple[Any, Any, 
     p_base, top1_base = b.logp.exp(), b.logp.argmax(-1)
     suffix = b.ids[:, n:]  # the last context token, then the targets
     for k in list(caches):
-        cache, m, seconds = caches.pop(k)
+        made = caches.pop(k)
+        cache, m, seconds = made() if callable(made) else made
         if m is not None:
             metrics[k].append(m)
         out2 = model(input_ids=suffix, past_key_values=cache, use_cache=True)
@@ -284,7 +292,7 @@ def score_windows(
                 continue
             context, b.context = b.context, None
             if pool is None:
-                _score_suffixes(model, b, _reconstruct(transforms, context), results, metrics)
+                _score_suffixes(model, b, _reconstruct(transforms, context, lazy=True), results, metrics)
             else:
                 pending = (b, pool.submit(_reconstruct, transforms, context))
             del context

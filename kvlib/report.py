@@ -367,15 +367,20 @@ _TIMING_LABELS = {
 }
 
 
+def fmt_seconds(v: float) -> str:
+    """A duration as a reader wants it: '14.8 s', or '213 ms' below a second."""
+    return f"{v:.1f} s" if v >= 1 else f"{v * 1000:.0f} ms"
+
+
 def timing_rows(timing: dict[str, float]) -> list[tuple[str, str]]:
     """(step, time) rows of a run's timing dict, in the order a run takes them; tokens/s as a rate."""
-    rows = [(label, f"{timing[k]:.1f} s") for k, label in _TIMING_LABELS.items() if k in timing and k != "total_s"]
-    rows += [(k.removesuffix("_s"), f"{v:.1f} s") for k, v in timing.items()
+    rows = [(label, fmt_seconds(timing[k])) for k, label in _TIMING_LABELS.items() if k in timing and k != "total_s"]
+    rows += [(k.removesuffix("_s"), fmt_seconds(v)) for k, v in timing.items()
              if k.endswith("_s") and k not in _TIMING_LABELS and k != "scored_tokens_per_s"]  # e.g. per model
     if "scored_tokens_per_s" in timing:
         rows.append(("scored tokens per second", fmt(timing["scored_tokens_per_s"], ".1f")))
     if "total_s" in timing:
-        rows.append(("total", f"{timing['total_s']:.1f} s"))
+        rows.append(("total", fmt_seconds(timing["total_s"])))
     return rows
 
 

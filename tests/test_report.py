@@ -142,9 +142,12 @@ def test_every_plot_is_an_embedded_image(rendered):
 def test_run_log_timings_are_a_table(rendered):
     """The run log shows the timings as a table of steps, not a Python dict."""
     page, data, html = rendered
+    from kvlib.report import fmt_seconds
+
     t, timing = page.tables["kvlib-timing"], data["timing"]
-    assert t["model load"] == f"{timing['model_load_s']:.1f} s" and t["total"] == f"{timing['total_s']:.1f} s"
-    assert t["pass-key retrieval"] == f"{timing['retrieval_s']:.1f} s"
-    assert t["generation agreement"] == f"{timing['agreement_s']:.1f} s"
+    assert t["model load"] == fmt_seconds(timing["model_load_s"]) and t["total"] == fmt_seconds(timing["total_s"])
+    assert t["pass-key retrieval"] == fmt_seconds(timing["retrieval_s"])
+    assert t["generation agreement"] == fmt_seconds(timing["agreement_s"])
+    assert fmt_seconds(0.2134) == "213 ms" and fmt_seconds(14.84) == "14.8 s"
     assert t["scored tokens per second"] == f"{timing['scored_tokens_per_s']:.1f}"
     assert "{'total_s'" not in html and "'model_load_s'" not in html
