@@ -19,6 +19,7 @@ import atexit
 import json
 import mmap
 import os
+import select
 import struct
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kvlib.bridge import CompressionMetrics, find_cli_binary
+from kvlib.bridge import TIMEOUT_BASE_S, TIMEOUT_BYTES_PER_S, CompressionMetrics, find_cli_binary
 from kvlib.cache import cache_layers, file_metadata, metadata_of
 from kvlib.codec import CodecConfig, resolve_codec
 from kvlib.layout import cache_like
@@ -124,9 +125,16 @@ class CodecServer:
         self._next_id += 1
         req = {"id": self._next_id, **req}
         body = json.dumps(req).encode()
+        # As long as the file CLI may take on the same bytes, for each scheme.
+        timeout = TIMEOUT_BASE_S + (req.get("input") or {}).get("size", 0) * len(req.get("schemes") or [None]) \
+            / TIMEOUT_BYTES_PER_S
         try:
             self.proc.stdin.write(struct.pack("<I", len(body)) + body)
             self.proc.stdin.flush()
+            if not select.select([self.proc.stdout], [], [], timeout)[0]:
+                self.proc.kill()
+                self.proc.wait()
+                raise CodecServerError(f"kv-compress serve did not answer within {timeout:.0f} s (stopped)")
             head = self.proc.stdout.read(4)
             if len(head) < 4:
                 raise EOFError

@@ -217,3 +217,18 @@ def test_one_request_per_window_for_all_schemes(server, tiny_llama):
     windows = sum(w.compressed for w in res["int4"].windows)
     assert windows == 3 and server.requests - before == windows and ctx.writes == windows
     assert all(t.calls == windows for t in ts.values())
+
+
+def test_a_server_that_hangs_is_stopped_after_its_timeout(tmp_path, monkeypatch):
+    """A codec that never answers ends in a one-line error (and a killed process), not a hung run."""
+    fake = tmp_path / "kv-compress"
+    fake.write_text("#!/bin/sh\n# answers the ping, then hangs\nhead -c 4 >/dev/null\nprintf '\\015\\000\\000\\000{\"id\": 1}    '\n"
+                    "exec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(codec_server, "TIMEOUT_BASE_S", 0.5)
+    s = CodecServer(cli=str(fake))
+    s.restarts = 1  # no second chance: this test is about the first
+    with pytest.raises(CodecServerError, match="did not answer within 0 s"):
+        s.request({"op": "ping"})
+    assert s.proc is None or s.proc.poll() is not None
+    s.close()
