@@ -117,8 +117,8 @@ def dtype_table(src: Path, tmp: Path, runs: int) -> None:
     F16C/AVX2 conversions bring against the portable Go ones (same run)."""
     files = half_copies(src, tmp)
     size = {"F32": 4, "F16": 2, "BF16": 2}
-    print(f"  preset    F32 Melem/s   F16 Melem/s (/F32)        BF16 Melem/s (/F32)       target   "
-          f"F16 portable  BF16 portable")
+    print("  preset    F32 Melem/s   F16 Melem/s (/F32)        BF16 Melem/s (/F32)       target   "
+          "F16 portable  BF16 portable")
     for name in presets():
         rate = {dt: go_bench(f, runs, name, "CompressRestore")["CompressRestore"] / size[dt] for dt, f in files.items()}
         port = {dt: go_bench(files[dt], max(3, runs // 4), name, "CompressRestore", portable=True)["CompressRestore"]

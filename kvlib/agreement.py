@@ -133,7 +133,7 @@ def run_agreement(model: Any, tokenizer: Any, ids: torch.Tensor, codecs: list[Co
     prompts = cut_prompts(ids, config, corpus_name)
     missing = None
     if transforms is None:
-        transforms, missing = cache_transforms(codecs, Path(workdir), model_name, model.config, peers,
+        transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers,
                                                slots=config.prompts)
     t0 = time.perf_counter()
     contexts = [prefill(model, p[:-1]) for p in prompts]

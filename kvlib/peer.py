@@ -66,8 +66,8 @@ class QuantoPeer:
 
     _announced = False  # the CUDA build note is printed once per process
 
-    def __init__(self, config: Any, nbits: int, q_group_size: int = PEER_GROUP) -> None:
-        self.config, self.nbits, self.q_group_size = config, nbits, q_group_size
+    def __init__(self, nbits: int, q_group_size: int = PEER_GROUP) -> None:
+        self.nbits, self.q_group_size = nbits, q_group_size
         self.name = peer_name(nbits)
 
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:

@@ -254,7 +254,7 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
     haystacks = build_haystacks(tokenizer, config, lengths)
     missing = None
     if transforms is None:
-        transforms, missing = cache_transforms(codecs, Path(workdir), model_name, model.config, peers,
+        transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers,
                                                slots=config.cells_per_length)
     names = [EXACT, *transforms]
     answers: dict[str, list[Answer]] = {k: [] for k in names}

@@ -212,7 +212,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     codec's PerplexityResult (windows and baseline), and bridge timings."""
     from kvlib.peer import PEER_BITS, peer_name
 
-    transforms, missing = cache_transforms(codecs, workdir, model_name, lm.config, peers)
+    transforms, missing = cache_transforms(codecs, workdir, model_name, peers)
     res = score_windows(lm, ids, max_length, stride, transforms, max_windows, progress)
     out = []
     for name, t in transforms.items():

@@ -23,7 +23,7 @@ CODEC_TRANSFORMS = (CLICacheRoundtrip, ServerCacheRoundtrip)
 
 
 def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, model_name: str,
-                     model_config: Any = None, peers: bool = False, slots: int = 1,
+                     peers: bool = False, slots: int = 1,
                      ) -> tuple[dict[str, Any], str | None]:
     """The transforms by name, and why the peer is missing (None when it runs or
     was not asked). ``slots``: how many context caches are in use at once (the
@@ -42,5 +42,5 @@ def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, mode
     missing = peer_unavailable() if peers else None
     if peers and missing is None:
         for nbits in PEER_BITS:
-            transforms[peer_name(nbits)] = QuantoPeer(model_config, nbits)
+            transforms[peer_name(nbits)] = QuantoPeer(nbits)
     return transforms, missing

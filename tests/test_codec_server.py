@@ -187,7 +187,7 @@ def test_nothing_is_left_behind(cli, tmp_path):
     assert shm_after - shm_before == set()
 
 
-def test_overlapped_scoring_gives_the_same_numbers(embedded):
+def test_overlapped_scoring_gives_the_same_numbers(embedded, tmp_path):
     """With the codec of window w in a second thread during window w+1's forward, every window's
     NLLs, KLD and top-1 are those of the sequential loop, with the peer as well."""
     from kvlib.corpus import load_corpus, tokenize
@@ -198,7 +198,7 @@ def test_overlapped_scoring_gives_the_same_numbers(embedded):
     ids = tokenize(tok, load_corpus("embedded"))[:, :1400]
     out = {}
     for overlap in (False, True):
-        ts, _ = cache_transforms([resolve_codec("int4"), resolve_codec("kivi2")], "/tmp", "smol", lm.config, peers=True)
+        ts, _ = cache_transforms([resolve_codec("int4"), resolve_codec("kivi2")], tmp_path, "smol", peers=True)
         res = score_windows(lm, ids, 512, 256, ts, 4, progress=False, overlap=overlap)
         out[overlap] = {k: [(w.index, w.baseline_nll, w.compressed_nll, w.kld, w.top1_agree, w.compressed)
                             for w in r.windows] for k, r in res.items()}
