@@ -49,7 +49,7 @@ BUILD       := build
 # Rendered reports hold results, not progress bars (tqdm reads this at import).
 PAPERMILL   := TQDM_DISABLE=1 $(PY) -m papermill
 
-.PHONY: setup build-compress test test-go test-py test-notebooks report sweep zoo lab bench clean lock
+.PHONY: setup build-compress test test-go test-py test-notebooks report sweep zoo lab bench bench-gpu clean lock
 
 setup: $(STAMP) $(CLI)
 
@@ -130,6 +130,13 @@ lab: setup
 
 bench: setup
 	$(PY) benchmarks/bench.py
+
+# On a CUDA machine: the sweep with the file CLI, the codec server, and the server overlapped with
+# the model (pinned and pageable), every configuration checked to give the same numbers.
+# GPU_BENCH_ARGS e.g. "--dtype float32 --windows 21" or "--config config.json --ids ids.pt" (random weights).
+GPU_BENCH_ARGS ?=
+bench-gpu: setup
+	$(PY) benchmarks/gpu_sweep.py --model $(MODEL) --corpus $(CORPUS) $(GPU_BENCH_ARGS)
 
 # Re-pin requirements.lock from the current environment.
 lock:

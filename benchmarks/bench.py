@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--go-runs", type=int, default=20)
     ap.add_argument("--sweep-windows", type=int, default=3)
+    ap.add_argument("--only", choices=["server"], help="run one section alone (server: the codec server's)")
     args = ap.parse_args()
     torch.manual_seed(0)
     cli = find_cli_binary()
@@ -186,11 +187,15 @@ def main() -> None:
     ids = tokenize(tok, corpus)
     print(f"model: SmolLM2-135M (embedded); corpus: {corpus.name} ({ids.shape[1]} tokens)\n")
 
+    with torch.no_grad():
+        kv = model(input_ids=ids[:, :2048], use_cache=True).past_key_values
+    if args.only == "server":
+        with tempfile.TemporaryDirectory(prefix="kvlib-bench-server-") as tmp:
+            server_costs(model, ids, make_cache(cache_layers(kv)), Path(tmp), args.sweep_windows)
+        return
     with tempfile.TemporaryDirectory(prefix="kvlib-bench-") as tmp:
         tmp = Path(tmp)
         # 1. Codec on a real cache of the first 2048 tokens.
-        with torch.no_grad():
-            kv = model(input_ids=ids[:, :2048], use_cache=True).past_key_values
         src = tmp / "kv2048.safetensors"
         save_kv_cache(make_cache(cache_layers(kv)), src, model_name="SmolLM2-135M")
         mb = src.stat().st_size / 1e6

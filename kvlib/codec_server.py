@@ -16,6 +16,7 @@ run and falls back to the file CLI, with a one-line warning, when it cannot.
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import mmap
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -33,6 +35,7 @@ from kvlib.bridge import TIMEOUT_BASE_S, TIMEOUT_BYTES_PER_S, CompressionMetrics
 from kvlib.cache import cache_layers, file_metadata, metadata_of
 from kvlib.codec import CodecConfig, resolve_codec
 from kvlib.layout import cache_like
+from kvlib.pinned import CopyFence, pin, unpin
 
 ALIGN = 64  # bytes: every tensor starts on a cache line
 _DTYPES = {torch.float32: ("F32", 4), torch.float16: ("F16", 2)}
@@ -44,10 +47,14 @@ class CodecServerError(RuntimeError):
     """The server could not start, died, or answered a request with an error."""
 
 
-class SharedSegment:
-    """``size`` bytes of shared memory (a memfd) mapped here, named for the server by a /proc path."""
+_generations = itertools.count(1)
 
-    def __init__(self, size: int, name: str = "kvlib") -> None:
+
+class SharedSegment:
+    """``size`` bytes of shared memory (a memfd) mapped here, named for the server by a /proc path;
+    with ``pinned``, also page-locked for CUDA copies (``kvlib.pinned``)."""
+
+    def __init__(self, size: int, name: str = "kvlib", pinned: bool = False) -> None:
         self.size = size
         self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
@@ -57,16 +64,32 @@ class SharedSegment:
             os.close(self.fd)
             raise
         self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+        self.gen = next(_generations)  # the server remaps a path whose generation changed
+        self.for_cuda = pinned
+        self.pinned_at = pin(self.buf) if pinned else None
+        self.fence = CopyFence()  # CUDA copies still reading or writing this segment
+        # Released by close() or, at the latest, when this object goes: a mapping left registered
+        # with CUDA after its unmapping would corrupt later copies from the same addresses.
+        self._release = weakref.finalize(self, _release, self.buf, self.fd, self.pinned_at, self.fence)
+        self._own_refs = sys.getrefcount(self.buf)
+
+    def viewed(self) -> bool:
+        """Whether a tensor still views this memory (torch.frombuffer holds the mmap object)."""
+        return sys.getrefcount(self.buf) > self._own_refs
 
     def segment(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size}
+        return {"path": self.path, "size": self.size, "gen": self.gen}
 
     def close(self) -> None:
-        try:
-            self.buf.close()
-        except BufferError:  # a tensor still views it: the mapping goes with the last view
-            pass
-        os.close(self.fd)
+        self._release()
+
+
+def _release(buf: mmap.mmap, fd: int, pinned_at: int | None, fence: CopyFence) -> None:
+    """Unregister and close the memfd; the mapping itself goes with its last reference, since
+    tensors made by torch.frombuffer may still view it (they hold the mmap object, not an export)."""
+    fence.wait()
+    unpin(pinned_at)
+    os.close(fd)
 
 
 def _layout(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[dict[str, Any]], int]:
@@ -236,18 +259,21 @@ class SharedContext:
                 return seg, refs, meta
         layers = cache_layers(cache)
         refs, size = _layout(layers)
+        cuda = layers[0][0].is_cuda
         if len(self._held) == self.slots:
             _, seg, _, _ = self._held.pop(0)
-            if seg.size < size:
+            if seg.size < size or cuda != seg.for_cuda:
                 seg.close()
-                seg = SharedSegment(size, "kvlib-context")
+                seg = SharedSegment(size, "kvlib-context", pinned=cuda)
         else:
-            seg = SharedSegment(size, "kvlib-context")
+            seg = SharedSegment(size, "kvlib-context", pinned=cuda)
         where = _by_name(refs)
         for i, (k, v) in enumerate(layers):
             for role, t in (("key", k), ("value", v)):
-                ref = where[f"layer_{i}_{role}"]
-                _view(seg, ref).copy_(t.detach().to("cpu", _TORCH[ref["dtype"]]))
+                # From a GPU: one DMA copy per tensor into pinned memory, all queued, then one wait.
+                _view(seg, where[f"layer_{i}_{role}"]).copy_(t.detach(), non_blocking=cuda)
+        seg.fence.mark()
+        seg.fence.wait()
         meta = file_metadata(metadata_of(cache, self.model_name), _NAMES[refs[0]["dtype"]])
         self._held.append((cache, seg, refs, meta))
         self.writes += 1
@@ -258,16 +284,40 @@ class ServerCacheRoundtrip:
     """A cache transform through the codec server: ``transform(cache) -> (cache, CompressionMetrics)``,
     the same reconstruction and metrics as ``bridge.CLICacheRoundtrip`` to the bit.
 
-    The returned cache's tensors view this transform's output buffer (on CPU; on CUDA they are
-    copied to the device): it stays valid until this transform's next call."""
+    On CPU the returned cache's tensors view an output buffer: a call writes into one that no
+    tensor views any more, a second one while the last call's reconstruction is still in use (one
+    window's scored while the next window's is made), or else the one written longest ago. On
+    CUDA the buffer is pinned and the tensors are device copies queued without blocking on the
+    current stream (stream order makes them ready for the model); a buffer is not rewritten
+    before its copies are done."""
+
+    BUFFERS = 2
 
     def __init__(self, server: CodecServer, codec: CodecConfig | str | None = None, model_name: str = "unknown",
                  context: SharedContext | None = None) -> None:
         self.server, self.codec, self.model_name = server, resolve_codec(codec), model_name
         self.context = context or SharedContext(model_name)
-        self.out: SharedSegment | None = None
+        self.outs: list[SharedSegment | None] = [None] * self.BUFFERS
+        self._last = self.BUFFERS - 1
         self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
         self.calls = 0
+
+    @property
+    def out(self) -> SharedSegment | None:
+        """The output buffer of the last call."""
+        return self.outs[self._last]
+
+    def _next_out(self, size: int, cuda: bool) -> SharedSegment:
+        free = [i for i, seg in enumerate(self.outs) if seg is None or not seg.viewed()]
+        i = self._last = free[0] if free else (self._last + 1) % self.BUFFERS
+        seg = self.outs[i]
+        if seg is not None:
+            seg.fence.wait()  # the copies out of its last reconstruction are done
+        if seg is None or seg.size != size or cuda != seg.for_cuda:
+            if seg is not None:
+                seg.close()
+            seg = self.outs[i] = SharedSegment(size, "kvlib-restored", pinned=cuda)
+        return seg
 
     @property
     def batch_with(self) -> tuple[int, int]:
@@ -286,25 +336,24 @@ class ServerCacheRoundtrip:
         k0 = layers[0][0]
         t0 = time.perf_counter()
         seg, refs, meta = ts[0].context.segment_for(cache)
-        for t in ts:
-            if t.out is None or t.out.size != seg.size:
-                if t.out is not None:
-                    t.out.close()
-                t.out = SharedSegment(seg.size, "kvlib-restored")
+        cuda = k0.is_cuda
+        outs = [t._next_out(seg.size, cuda) for t in ts]
         t1 = time.perf_counter()
         resp = ts[0].server.request({"op": "roundtrip", "input": seg.segment(), "metadata": meta, "tensors": refs,
-                                     "schemes": [{"args": t.codec.cli_args(), "output": t.out.segment()} for t in ts]})
+                                     "schemes": [{"args": t.codec.cli_args(), "output": o.segment()}
+                                                 for t, o in zip(ts, outs)]})
         t2 = time.perf_counter()
-        where, out = _by_name(refs), []
-        for t, rep in zip(ts, resp["results"]):
+        where, res = _by_name(refs), []
+        for t, o, rep in zip(ts, outs, resp["results"]):
             t3 = time.perf_counter()
-            restored = cache_like(cache, [tuple(_view(t.out, where[f"layer_{i}_{role}"]).to(k0.device, k0.dtype)
-                                                for role in ("key", "value")) for i in range(len(layers))])
+            restored = cache_like(cache, [tuple(_view(o, where[f"layer_{i}_{role}"]).to(
+                k0.device, k0.dtype, non_blocking=cuda) for role in ("key", "value")) for i in range(len(layers))])
+            o.fence.mark()
             load = time.perf_counter() - t3
             # The shared parts (the copy into shared memory, the request) are split evenly.
             t.seconds["save"] += (t1 - t0) / len(ts)
             t.seconds["cli"] += (t2 - t1) / len(ts)
             t.seconds["load"] += load
             t.calls += 1
-            out.append((restored, CompressionMetrics.from_dict(rep), (t2 - t0) / len(ts) + load))
-        return out
+            res.append((restored, CompressionMetrics.from_dict(rep), (t2 - t0) / len(ts) + load))
+        return res

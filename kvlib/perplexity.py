@@ -231,10 +231,13 @@ def _score_suffixes(model: Any, b: _Baseline, caches: dict[str, Any],
         out2 = model(input_ids=suffix, past_key_values=cache, use_cache=True)
         logp = F.log_softmax(out2.logits[0, :-1].float(), dim=-1)
         del out2, cache
-        kld = (p_base * (b.logp - logp)).sum(-1).clamp_min(0)  # >= 0 up to rounding
-        results[k].append(WindowResult(
-            w.index, w.begin, w.end, w.num_targets, n, b.baseline, float(_token_nll(logp, b.targets).double().sum()),
-            True, seconds, kld=kld.double().tolist(), top1_agree=int((logp.argmax(-1) == top1_base).sum())))
+        nll = float(_token_nll(logp, b.targets).double().sum())
+        top1 = int((logp.argmax(-1) == top1_base).sum())
+        # KL(exact || compressed) = sum p_base * (logp_base - logp), in place in logp's memory: the
+        # same bits as the plain expression, without two more [targets, vocab] temporaries.
+        kld = logp.neg_().add_(b.logp).mul_(p_base).sum(-1).clamp_min(0)  # >= 0 up to rounding
+        results[k].append(WindowResult(w.index, w.begin, w.end, w.num_targets, n, b.baseline, nll, True, seconds,
+                                       kld=kld.double().tolist(), top1_agree=top1))
 
 
 @torch.no_grad()
@@ -258,8 +261,9 @@ def score_windows(
     transforms, one under "" with the baseline alone.
 
     With ``overlap`` (default: on CUDA) the transforms of window w run in a second thread while
-    the model runs window w+1's forward: the same operations on the same values, so the same
-    results to the bit, in less time when the codec and the model do not share the same cores.
+    the model scores window w-1's suffixes and runs window w+1's forward: the same operations on
+    the same values, so the same results to the bit, in less time when the codec and the model do
+    not share the same cores. Two windows' reconstructions are then alive at once.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be [1, N], got {tuple(input_ids.shape)}")
@@ -282,19 +286,19 @@ def score_windows(
         for w in iterator:
             use_context = bool(transforms) and w.context_tokens > 0
             b = _baseline(model, w, input_ids[:, w.begin: w.end].to(device), use_context)
-            if pending is not None:  # window w-1's reconstructions were made during this forward
+            context, b.context = b.context, None
+            made = pool.submit(_reconstruct, transforms, context) if pool is not None and use_context else None
+            if pending is not None:  # window w-1's suffixes while window w's codec runs
                 _score_suffixes(model, pending[0], pending[1].result(), results, metrics)
                 pending = None
             if not use_context:
                 for k in names:
                     results[k].append(WindowResult(w.index, w.begin, w.end, w.num_targets, 0, b.baseline, b.baseline,
                                                    False, kld=[0.0] * w.num_targets, top1_agree=w.num_targets))
-                continue
-            context, b.context = b.context, None
-            if pool is None:
+            elif made is None:
                 _score_suffixes(model, b, _reconstruct(transforms, context, lazy=True), results, metrics)
             else:
-                pending = (b, pool.submit(_reconstruct, transforms, context))
+                pending = (b, made)
             del context
         if pending is not None:
             _score_suffixes(model, pending[0], pending[1].result(), results, metrics)

@@ -232,3 +232,17 @@ def test_a_server_that_hangs_is_stopped_after_its_timeout(tmp_path, monkeypatch)
         s.request({"op": "ping"})
     assert s.proc is None or s.proc.poll() is not None
     s.close()
+
+
+def test_a_reconstruction_in_use_is_not_overwritten(server):
+    """While one reconstruction is still viewed (scored while the next window's is made), the
+    next call writes into a second buffer; once released, the first buffer is used again."""
+    t = ServerCacheRoundtrip(server, "int4", "m")
+    a, _ = t(random_cache(seed=1))
+    keep = [x.clone() for x in cache_layers(a)[0]]
+    b, _ = t(random_cache(seed=2))
+    assert all(torch.equal(x, y) for x, y in zip(cache_layers(a)[0], keep))
+    assert t.out is t.outs[1]
+    del a
+    t(random_cache(seed=3))
+    assert t.out is t.outs[0]

@@ -55,6 +55,10 @@ func (e *RequestError) Error() string {
 type Segment struct {
 	Path string `json:"path"`
 	Size int    `json:"size"`
+	// Gen tells apart segments that come to have the same path and size (a
+	// closed descriptor's number reused): a mapping is reused only for the
+	// same generation.
+	Gen uint64 `json:"gen,omitempty"`
 }
 
 // TensorRef places one tensor in the input segment (and each output).

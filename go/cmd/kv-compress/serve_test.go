@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,14 +61,14 @@ func segmentOf(t *testing.T, f *safetensors.File, path string) ([]TensorRef, Seg
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return refs, Segment{path, len(data)}
+	return refs, Segment{Path: path, Size: len(data)}
 }
 
 func emptySegment(t testing.TB, path string, size int) Segment {
 	if err := os.WriteFile(path, make([]byte, size), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return Segment{path, size}
+	return Segment{Path: path, Size: size}
 }
 
 // The server's reconstructions and reports equal the file command's, for
@@ -159,9 +160,9 @@ func TestServeBadRequests(t *testing.T) {
 		{Request{ID: 8, Op: "roundtrip", Input: seg, Tensors: []TensorRef{{"x", "I8", []int{4}, 0}}, Schemes: []SchemeJob{job}}, "not F32, F16 or BF16"},
 		{Request{ID: 9, Op: "roundtrip", Input: seg, Tensors: []TensorRef{{"x", "F32", []int{1, 1, 8, 64}, 3072}}, Schemes: []SchemeJob{job}}, "do not fit"},
 		{Request{ID: 10, Op: "roundtrip", Input: seg, Tensors: []TensorRef{{"x", "F32", []int{-1, 64}, 0}}, Schemes: []SchemeJob{job}}, "not a valid size"},
-		{Request{ID: 11, Op: "roundtrip", Input: Segment{filepath.Join(dir, "gone"), 4096}, Tensors: []TensorRef{ref}, Schemes: []SchemeJob{job}}, "input.path"},
-		{Request{ID: 12, Op: "roundtrip", Input: seg, Tensors: []TensorRef{ref}, Schemes: []SchemeJob{{job.Args, Segment{seg.Path, 64}}}}, "output.size"},
-		{Request{ID: 13, Op: "roundtrip", Input: Segment{seg.Path, 1 << 20}, Tensors: []TensorRef{ref}, Schemes: []SchemeJob{{job.Args, Segment{seg.Path, 1 << 20}}}}, "holds 4096 bytes"},
+		{Request{ID: 11, Op: "roundtrip", Input: Segment{Path: filepath.Join(dir, "gone"), Size: 4096}, Tensors: []TensorRef{ref}, Schemes: []SchemeJob{job}}, "input.path"},
+		{Request{ID: 12, Op: "roundtrip", Input: seg, Tensors: []TensorRef{ref}, Schemes: []SchemeJob{{job.Args, Segment{Path: seg.Path, Size: 64}}}}, "output.size"},
+		{Request{ID: 13, Op: "roundtrip", Input: Segment{Path: seg.Path, Size: 1 << 20}, Tensors: []TensorRef{ref}, Schemes: []SchemeJob{{job.Args, Segment{Path: seg.Path, Size: 1 << 20}}}}, "holds 4096 bytes"},
 	}
 	var reqs []any
 	for _, c := range cases {
@@ -228,4 +229,78 @@ func FuzzServeFrames(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A new segment at a path and size an earlier one had (the client closed a
+// descriptor and its number was reused) is mapped anew when its generation
+// differs, not read through the stale mapping.
+func TestServeRemapsANewGeneration(t *testing.T) {
+	dir := t.TempDir()
+	f, err := safetensors.ReadFile(writeCache(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "shm-in")
+	refs, seg := segmentOf(t, f, path)
+	out := emptySegment(t, filepath.Join(dir, "shm-out"), seg.Size)
+	job := []SchemeJob{{[]string{"-scheme", "int4"}, out}}
+	first := Request{ID: 1, Op: "roundtrip", Input: Segment{Path: path, Size: seg.Size, Gen: 1}, Tensors: refs, Schemes: job}
+	// The same path and size, other bytes (a new file, as a new memfd would be).
+	data, _ := os.ReadFile(path)
+	for i := range data {
+		data[i] = 0
+	}
+	second := first
+	second.ID, second.Input.Gen = 2, 2
+	var buf, errb bytes.Buffer
+	stdin = &replaceAfter{r: bytes.NewReader(frames(t, first, second)), after: 4 + len(mustJSON(t, first)), do: func() {
+		_ = os.Remove(path)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}}
+	if code := run([]string{"serve"}, &buf, &errb); code != 0 {
+		t.Fatalf("serve exit %d: %s", code, errb.String())
+	}
+	rs := replies(t, buf.Bytes())
+	if len(rs) != 2 || rs[0].Error != "" || rs[1].Error != "" {
+		t.Fatalf("replies %+v", rs)
+	}
+	got, _ := os.ReadFile(out.Path)
+	for _, b := range got {
+		if b != 0 {
+			t.Fatal("the second request read the first generation's bytes through a stale mapping")
+		}
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// replaceAfter runs do when the server asks for more than the first `after`
+// bytes (the first frame, answered by then): the second request finds the
+// input file replaced.
+type replaceAfter struct {
+	r     io.Reader
+	after int
+	n     int
+	do    func()
+}
+
+func (x *replaceAfter) Read(p []byte) (int, error) {
+	if x.n == x.after && x.do != nil {
+		x.do()
+		x.do = nil
+	}
+	if x.n < x.after && len(p) > x.after-x.n {
+		p = p[:x.after-x.n]
+	}
+	n, err := x.r.Read(p)
+	x.n += n
+	return n, err
 }
