@@ -42,12 +42,18 @@ CHECKS = $(if $(RETRIEVAL),-p retrieval $(RETRIEVAL)) $(if $(RETRIEVAL_LENGTHS),
 # make test's tiny grid: two haystacks of 256 tokens, two prompts of 128 tokens, 4 new tokens.
 TINY_CHECKS = -r retrieval_lengths 256 -r retrieval_depths "0,1" -p generation_prompts 2 -p generation_context 128 \
   -p generation_tokens 4
+# The results store (default ~/.cache/kvlib/results), FRESH=1 to ignore it, RAY=1 for Ray
+# (a local cluster, or the one RAY_ADDRESS names).
+RESULTS     ?=
+FRESH       ?=
+RAY         ?=
 LAB_PORT    ?= 8888
 LAB_IP      ?= 127.0.0.1
 REPORTS     := reports
 BUILD       := build
 # Rendered reports hold results, not progress bars (tqdm reads this at import).
-PAPERMILL   := TQDM_DISABLE=1 $(PY) -m papermill
+RUN_ENV     := $(if $(RESULTS),KVLIB_RESULTS=$(abspath $(RESULTS))) $(if $(FRESH),KVLIB_FRESH=1) $(if $(RAY),KVLIB_RAY=1)
+PAPERMILL   := $(RUN_ENV) TQDM_DISABLE=1 $(PY) -m papermill
 
 .PHONY: setup build-compress test test-go test-py test-notebooks report sweep zoo lab bench bench-gpu clean lock
 
@@ -90,7 +96,8 @@ test-notebooks: setup
 	$(PAPERMILL) --prepare-only notebooks/zoo.ipynb $(BUILD)/nbtest/zoo.ipynb -k kvlib -r models "smollm2-135m" \
 	  -r schemes "int4,q8_0" -p peers False -p max_windows 2 -p context_length 512 -p stride 256 \
 	  -p output_dir $(CURDIR)/$(BUILD)/nbtest
-	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider $(BUILD)/nbtest
+	KVLIB_RESULTS=$(CURDIR)/$(BUILD)/nbtest/results $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider \
+	  $(BUILD)/nbtest
 
 report: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed

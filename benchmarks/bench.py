@@ -176,12 +176,16 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--go-runs", type=int, default=20)
     ap.add_argument("--sweep-windows", type=int, default=3)
-    ap.add_argument("--only", choices=["server"], help="run one section alone (server: the codec server's)")
+    ap.add_argument("--only", choices=["server", "store"],
+                    help="run one section alone (server: the codec server's; store: the results store and Ray)")
     args = ap.parse_args()
     torch.manual_seed(0)
     cli = find_cli_binary()
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads)")
 
+    if args.only == "store":
+        store_costs(args.corpus, args.windows)
+        return
     model, tok = load_model_and_tokenizer("embedded", device="cpu")
     corpus = load_corpus(args.corpus)
     ids = tokenize(tok, corpus)
@@ -252,6 +256,7 @@ def main() -> None:
         sweep_costs(model, ids, Path(tmp2), args.sweep_windows)
         server_costs(model, ids, make_cache(cache_layers(kv)), Path(tmp2), args.sweep_windows)
     decoding_costs()
+    store_costs(args.corpus, args.windows)
 
 
 def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3) -> None:
@@ -313,6 +318,61 @@ def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3
           f"against {best['server-3']:.1f} s sequential (ratio {best['server-3-overlap'] / best['server-3']:.3f}; "
           "on a CPU the model and the codec share the cores)")
     print("  shared memory in use: one context copy + one reconstruction per scheme, each one window's cache\n")
+
+
+def store_costs(corpus: str, windows: int) -> None:
+    """The results store and Ray, each against a run in the same process: a finished sweep run
+    again, one scheme added to it against that scheme alone, and the same sweep on a local Ray
+    cluster of two single-CPU actors against the serial run (every number checked equal)."""
+    import json
+    from dataclasses import asdict
+
+    from kvlib.sweep import run_sweep
+
+    kw = dict(model="embedded", corpus_name=corpus, device="cpu", max_windows=windows, peers=False, verbose=False)
+
+    def timed(schemes, store, **more):
+        t = time.perf_counter()
+        r = run_sweep(schemes, results=store, **kw, **more)
+        return r, time.perf_counter() - t
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items()
+                    if k not in ("timing", "seconds", "codec_time_ms", "processing_time_ms", "transform_seconds")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+
+    def numbers(r) -> str:
+        return json.dumps(strip(r.to_dict()), sort_keys=True)
+
+    with tempfile.TemporaryDirectory(prefix="kvlib-bench-store-") as tmp:
+        first, first_s = timed(["int4", "kivi4"], f"{tmp}/s")
+        again, again_s = timed(["int4", "kivi4"], f"{tmp}/s")
+        more, more_s = timed(["int4", "kivi4", "q8_0"], f"{tmp}/s")
+        alone, alone_s = timed(["q8_0"], f"{tmp}/alone")
+        import ray
+
+        t = time.perf_counter()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        init_s = time.perf_counter() - t
+        try:
+            on_ray, ray_s = timed(["int4", "kivi4"], f"{tmp}/ray", ray=True)
+        finally:
+            ray.shutdown()
+    units = on_ray.timing["units_computed"]
+    print(f"== Results store and Ray: the embedded model, {windows} windows, int4 + kivi4 (then + q8_0)")
+    print(f"  first run {first_s:.1f} s (model load {first.timing['model_load_s']:.1f} s); the same run again "
+          f"{again_s:.2f} s: {100 * again_s / first_s:.1f} % (target <= 5 %: {'met' if again_s <= 0.05 * first_s else 'MISS'}; "
+          f"model loaded: {'no' if again.timing['model_load_s'] == 0 else 'yes'})")
+    print(f"  + q8_0 on the finished sweep {more_s:.1f} s ({more.timing['units_computed']:.0f} units computed) against "
+          f"q8_0 alone {alone_s:.1f} s: ratio {more_s / alone_s:.3f} (target <= 1.20: "
+          f"{'met' if more_s <= 1.2 * alone_s else 'MISS'}); q8_0's numbers equal: "
+          f"{strip(asdict(more.scheme('q8_0'))) == strip(asdict(alone.scheme('q8_0')))}")
+    print(f"  Ray, 2 single-CPU actors: {ray_s:.1f} s against serial {first_s:.1f} s (ratio {ray_s / first_s:.2f}); "
+          f"ray.init {init_s:.1f} s, actors up and models loaded {on_ray.timing['ray_start_s']:.1f} s, "
+          f"{units:.0f} units in {on_ray.timing['ray_units_s']:.1f} s "
+          f"({on_ray.timing['ray_units_s'] / max(1, units) * 2:.2f} s per unit per actor); "
+          f"numbers equal to the serial run: {numbers(on_ray) == numbers(first)}\n")
 
 
 @torch.no_grad()

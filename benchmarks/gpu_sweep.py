@@ -24,7 +24,6 @@ import math
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch

@@ -53,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-windows", type=int, default=None, help="limit the number of windows (quick checks)")
     p.add_argument("--context-length", type=int, default=None, help="window length (default min(2048, model context))")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT")
+    s = p.add_argument_group("results and scale", "finished units are kept and reused; Ray runs the missing ones")
+    s.add_argument("--results", metavar="DIR", help="results store (default $KVLIB_HOME/results, i.e. ~/.cache/kvlib/results)")
+    s.add_argument("--fresh", action="store_true", help="ignore the results store: compute every unit again")
+    s.add_argument("--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
+                   help="a sweep's units on Ray actors: a local cluster, or ADDRESS (RAY_ADDRESS set does the same)")
     r = p.add_argument_group("beyond perplexity", "checks against the exact cache, shown beside the verdict")
     r.add_argument("--retrieval", action="store_true", help="pass-key retrieval over a length x depth grid")
     r.add_argument("--retrieval-lengths", metavar="N,N", help=f"context lengths (default {_csv(_R.lengths)}; implies --retrieval)")
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             sweep = run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
                               dtype=args.dtype, threshold=args.threshold, stride=args.stride,
                               max_windows=args.max_windows, context_length=args.context_length,
-                              peers=not args.no_peers, verbose=not args.quiet, checks=checks)
+                              peers=not args.no_peers, verbose=not args.quiet, checks=checks,
+                              results=args.results, fresh=args.fresh, ray=args.ray)
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:
@@ -126,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 device="cpu" if args.cpu else None, threshold=args.threshold, verbose=not args.quiet,
                 model=args.model, corpus_name=args.corpus, codec=codec, stride=args.stride, max_windows=args.max_windows,
                 dtype=args.dtype, context_length=args.context_length, checks=checks,
+                results=args.results, fresh=args.fresh,
             )
         if args.json:
             result.to_json(args.json)

@@ -8,6 +8,7 @@ directory, or a Hugging Face id (the design documents' TinyLlama).
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,9 +148,54 @@ def load_model_and_tokenizer(
 
 
 def context_length(model: Any, cap: int = 2048) -> int:
-    """Sliding-window length: min(cap, the model's context)."""
-    n = getattr(model.config, "max_position_embeddings", None) or cap
+    """Sliding-window length: min(cap, the model's context); ``model`` may be its config."""
+    config = getattr(model, "config", model)
+    n = getattr(config, "max_position_embeddings", None) or cap
     return min(cap, int(n))
+
+
+def load_tokenizer_and_config(model: str = EMBEDDED) -> tuple[Any, Any]:
+    """The tokenizer and config alone (no weights): enough to name a run's units before
+    deciding whether the model must load at all. A GGUF's are read from it once (seconds)
+    and kept under ``$KVLIB_HOME/tokenizers/<its sha256>``."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    src = resolve_model(model)
+    try:
+        if src.gguf_file:
+            return _cached_gguf_tokenizer(src)
+        return AutoTokenizer.from_pretrained(src.path), AutoConfig.from_pretrained(src.path)
+    except OSError as e:
+        raise OSError(f"cannot load the tokenizer of {model!r}: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"cannot load model {model!r} ({src.kind}): {' '.join(str(e).split())[:300]}") from e
+
+
+def _cached_gguf_tokenizer(src: ModelSource) -> tuple[Any, Any]:
+    import shutil
+    import tempfile
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from kvlib.provenance import file_sha256
+    from kvlib.zoo import kvlib_home
+
+    cache = kvlib_home() / "tokenizers" / file_sha256(Path(src.path) / src.gguf_file)
+    if not (cache / "config.json").is_file():
+        tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
+        cfg = AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache.parent))
+        try:
+            tok.save_pretrained(tmp)
+            cfg.save_pretrained(tmp)  # config.json last: its presence marks a whole entry
+            os.replace(tmp, cache)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (cache / "config.json").is_file():
+                return tok, cfg
+        return tok, cfg
+    return AutoTokenizer.from_pretrained(cache), AutoConfig.from_pretrained(cache)
 
 
 def list_models() -> list[dict]:

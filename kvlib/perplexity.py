@@ -31,6 +31,8 @@ from kvlib.layout import context_cache, new_cache
 
 # A cache transform returns the cache to attend to and, optionally, the codec's metrics.
 CacheTransform = Callable[[Any], "tuple[Any, CompressionMetrics | None]"]
+# Told each finished window: its index and, per transform name, its result and codec metrics.
+WindowCallback = Callable[[int, "dict[str, tuple[WindowResult, CompressionMetrics | None]]"], None]
 
 
 @dataclass
@@ -133,7 +135,7 @@ def _token_nll(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -logp.gather(1, targets[:, None])[:, 0]
 
 
-def _summarize(results: list[WindowResult], metrics: list[CompressionMetrics], max_length: int, stride: int,
+def summarize(results: list[WindowResult], metrics: list[CompressionMetrics], max_length: int, stride: int,
                seconds: float) -> PerplexityResult:
     n = sum(r.num_targets for r in results)
     base = _ppl(sum(r.baseline_nll for r in results), n)
@@ -217,11 +219,13 @@ def _reconstruct(transforms: dict[str, CacheTransform], context: Any, lazy: bool
 
 
 def _score_suffixes(model: Any, b: _Baseline, caches: dict[str, Any],
-                    results: dict[str, list[WindowResult]], metrics: dict[str, list[CompressionMetrics]]) -> None:
+                    results: dict[str, list[WindowResult]], metrics: dict[str, list[CompressionMetrics]],
+                    on_window: WindowCallback | None = None) -> None:
     """The suffix forward against each reconstruction, scored against the exact forward; each
-    reconstruction is released once scored."""
+    reconstruction is released once scored. ``on_window`` gets the window's results."""
     w, n = b.window, b.window.context_tokens
     p_base, top1_base = b.logp.exp(), b.logp.argmax(-1)
+    done: dict[str, tuple[WindowResult, CompressionMetrics | None]] = {}
     suffix = b.ids[:, n:]  # the last context token, then the targets
     for k in list(caches):
         made = caches.pop(k)
@@ -238,6 +242,9 @@ def _score_suffixes(model: Any, b: _Baseline, caches: dict[str, Any],
         kld = logp.neg_().add_(b.logp).mul_(p_base).sum(-1).clamp_min(0)  # >= 0 up to rounding
         results[k].append(WindowResult(w.index, w.begin, w.end, w.num_targets, n, b.baseline, nll, True, seconds,
                                        kld=kld.double().tolist(), top1_agree=top1))
+        done[k] = (results[k][-1], m)
+    if on_window is not None:
+        on_window(w.index, done)
 
 
 @torch.no_grad()
@@ -250,6 +257,8 @@ def score_windows(
     max_windows: int | None = None,
     progress: bool = True,
     overlap: bool | None = None,
+    select: set[int] | None = None,
+    on_window: WindowCallback | None = None,
 ) -> dict[str, PerplexityResult]:
     """Score ``input_ids`` [1, N] window by window, exactly and through every transform.
 
@@ -264,6 +273,9 @@ def score_windows(
     the model scores window w-1's suffixes and runs window w+1's forward: the same operations on
     the same values, so the same results to the bit, in less time when the codec and the model do
     not share the same cores. Two windows' reconstructions are then alive at once.
+
+    ``select``: the indices of the windows to score (default all; the results cover those only).
+    ``on_window`` is told each window's results as soon as they are complete, in window order.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be [1, N], got {tuple(input_ids.shape)}")
@@ -272,6 +284,8 @@ def score_windows(
     device = next(model.parameters()).device
     overlap = device.type == "cuda" if overlap is None else overlap
     windows = plan_windows(input_ids.shape[1], max_length, stride, max_windows)
+    if select is not None:
+        windows = [w for w in windows if w.index in select]
     iterator: Any = windows
     if progress:
         from tqdm.auto import tqdm
@@ -289,24 +303,26 @@ def score_windows(
             context, b.context = b.context, None
             made = pool.submit(_reconstruct, transforms, context) if pool is not None and use_context else None
             if pending is not None:  # window w-1's suffixes while window w's codec runs
-                _score_suffixes(model, pending[0], pending[1].result(), results, metrics)
+                _score_suffixes(model, pending[0], pending[1].result(), results, metrics, on_window)
                 pending = None
             if not use_context:
                 for k in names:
                     results[k].append(WindowResult(w.index, w.begin, w.end, w.num_targets, 0, b.baseline, b.baseline,
                                                    False, kld=[0.0] * w.num_targets, top1_agree=w.num_targets))
+                if on_window is not None:
+                    on_window(w.index, {k: (results[k][-1], None) for k in names})
             elif made is None:
-                _score_suffixes(model, b, _reconstruct(transforms, context, lazy=True), results, metrics)
+                _score_suffixes(model, b, _reconstruct(transforms, context, lazy=True), results, metrics, on_window)
             else:
                 pending = (b, made)
             del context
         if pending is not None:
-            _score_suffixes(model, pending[0], pending[1].result(), results, metrics)
+            _score_suffixes(model, pending[0], pending[1].result(), results, metrics, on_window)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     seconds = time.perf_counter() - start
-    return {k: _summarize(results[k], metrics[k], max_length, stride, seconds) for k in names}
+    return {k: summarize(results[k], metrics[k], max_length, stride, seconds) for k in names}
 
 
 def evaluate_windows(

@@ -27,9 +27,14 @@ from kvlib.bridge import CompressionMetrics
 from kvlib.codec import LOSSLESS_SUFFIX, CodecConfig, resolve_codec
 from kvlib.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.gates import CI_LEVEL, CI_METHOD, PPL_DELTA_THRESHOLD, robust, verdict
-from kvlib.perplexity import PerplexityResult, plan_windows, score_windows
+from kvlib.perplexity import PerplexityResult, plan_windows
 from kvlib.stats import KLDSummary, bootstrap_delta_ci
+from kvlib import provenance
+from kvlib.executor import RayExecutor, ScoringJob, SerialExecutor
+from kvlib.provenance import RunIdentity
+from kvlib.store import ResultsStore, unit_key
 from kvlib.transforms import CODEC_TRANSFORMS, cache_transforms
+from kvlib.units import ScoringPlan, decode, encode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -203,28 +208,92 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
     return best.name, sentence
 
 
+def peer_spec(nbits: int) -> str:
+    """The peer's spec as results show it and as it enters a unit's key."""
+    from kvlib.peer import PEER_GROUP
+
+    return f"transformers QuantizedCache, quanto int{nbits}, group {PEER_GROUP}, residual 0"
+
+
 def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, codecs: list[CodecConfig],
                   workdir: str | os.PathLike, model_name: str, threshold: float = PPL_DELTA_THRESHOLD,
                   peers: bool = False, max_windows: int | None = None, progress: bool = False,
+                  store: ResultsStore | None = None, identity: RunIdentity | None = None,
+                  executor: Any = None, job: ScoringJob | None = None,
                   ) -> tuple[list[SchemeResult], PerplexityResult, dict[str, float]]:
     """Score every codec (and the peers) over the same windows; the shared core
     of run_sweep and run_full_validation. Returns the scheme results, the first
-    codec's PerplexityResult (windows and baseline), and bridge timings."""
-    from kvlib.peer import PEER_BITS, peer_name
+    codec's PerplexityResult (windows and baseline), and bridge timings.
 
-    transforms, missing = cache_transforms(codecs, workdir, model_name, peers)
-    res = score_windows(lm, ids, max_length, stride, transforms, max_windows, progress)
+    ``lm`` is the model, or a function that loads it: called only when a unit is missing.
+    With ``store`` and ``identity``, finished units are read from the store and new ones
+    written to it as each window finishes; ``executor`` (default in-process; needs ``job``)
+    computes the missing ones. The merged result does not depend on which did what."""
+    from kvlib.peer import PEER_BITS, peer_name, peer_unavailable
+
+    missing_peer = peer_unavailable() if peers else None
+    specs = {c.name: c.spec for c in codecs}
+    if peers and missing_peer is None:
+        specs.update({peer_name(b): peer_spec(b) for b in PEER_BITS})
+    keyed = {k: v if k in {c.name for c in codecs} else f"{v}, {_quanto_version()}" for k, v in specs.items()}
+    made: dict[str, Any] = {}
+
+    def load() -> Any:
+        if "lm" not in made:
+            made["lm"] = lm if isinstance(lm, torch.nn.Module) or not callable(lm) else lm()
+        return made["lm"]
+
+    def transforms() -> dict[str, Any]:
+        if "ts" not in made:
+            made["ts"], _ = cache_transforms(codecs, workdir, model_name, peers)
+        return made["ts"]
+
+    t0 = time.perf_counter()
+    plan = ScoringPlan(identity or _anonymous(max_length, stride), plan_windows(ids.shape[1], max_length, stride,
+                                                                                  max_windows), keyed)
+    done, missing = plan.lookup(store if identity is not None else None)
+
+    def on_window(index: int, outcomes: dict[str, Any]) -> None:
+        plan.record(store if identity is not None else None, index, outcomes)
+        done.update({(index, k): decode(encode(o)) for k, o in outcomes.items()})
+
+    if executor is None:
+        executor = SerialExecutor(load, transforms, progress)
+    executor.run(job or _job_for(codecs, peers, max_length, stride, max_windows, model_name), ids, missing, on_window)
+    res = plan.merge(done, time.perf_counter() - t0)
     out = []
-    for name, t in transforms.items():
-        spec, kind = (t.codec.spec, "kvq") if isinstance(t, CODEC_TRANSFORMS) else (
-            f"transformers QuantizedCache, quanto int{t.nbits}, group {t.q_group_size}, residual 0", "peer")
+    for name, spec in specs.items():
+        kind = "kvq" if name in {c.name for c in codecs} else "peer"
         out.append(scheme_result(name, spec, kind, res[name], threshold, res[name].transform_seconds))
-    if peers and missing is not None:
-        out += [SchemeResult(name=peer_name(b), spec="transformers QuantizedCache (quanto)", kind="peer", error=missing)
-                for b in PEER_BITS]
-    clis = [t for t in transforms.values() if isinstance(t, CODEC_TRANSFORMS)]
+    if peers and missing_peer is not None:
+        out += [SchemeResult(name=peer_name(b), spec="transformers QuantizedCache (quanto)", kind="peer",
+                             error=missing_peer) for b in PEER_BITS]
+    clis = [t for t in made.get("ts", {}).values() if isinstance(t, CODEC_TRANSFORMS)]
     timing = {f"bridge_{k}_s": sum(t.seconds[k] for t in clis) for k in ("save", "cli", "load")}
+    timing["units_reused"] = float(len(plan.windows) * len(specs) - sum(len(v) for v in missing.values()))
+    timing["units_computed"] = float(sum(len(v) for v in missing.values()))
+    timing.update(getattr(executor, "seconds", {}) or {})
     return out, res[codecs[0].name], timing
+
+
+def _quanto_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"optimum-quanto {version('optimum-quanto')}"
+    except PackageNotFoundError:
+        return "optimum-quanto ?"
+
+
+def _anonymous(max_length: int, stride: int) -> RunIdentity:
+    """An identity for a run without a store (keys are never used)."""
+    return RunIdentity("", "", "", "", "", "", "", max_length, stride)
+
+
+def _job_for(codecs: list[CodecConfig], peers: bool, max_length: int, stride: int, max_windows: int | None,
+             model_name: str, model: str = "", device: str = "cpu", dtype: str = "float32") -> ScoringJob:
+    return ScoringJob(model, device, dtype, tuple(c.spec for c in codecs), peers, max_length, stride, max_windows,
+                      model_name, torch.get_num_threads())
 
 
 def run_sweep(
@@ -242,10 +311,18 @@ def run_sweep(
     verbose: bool = True,
     progress: bool | None = None,
     checks: DecodingChecks = DecodingChecks(),
+    results: str | os.PathLike | None | bool = None,
+    fresh: bool = False,
+    ray: bool | str = False,
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
-    over the same windows, then on the retrieval and agreement ``checks``."""
+    over the same windows, then on the retrieval and agreement ``checks``.
+
+    Every window's units go to the results store ``results`` (default ``$KVLIB_HOME/results``;
+    False: none) as they finish and are read back on the next run (``fresh``: ignore them); a
+    run with nothing missing loads no model. ``ray`` (True, or a cluster address; also when
+    RAY_ADDRESS is set or KVLIB_RAY=1) computes the missing units on Ray actors."""
     t_start = time.perf_counter()
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
     if len({c.name for c in resolved}) != len(resolved):
@@ -254,26 +331,46 @@ def run_sweep(
     device = device or cache.default_device()
     torch_dtype = resolve_dtype(dtype, device)
     text = corpus.load_corpus(corpus_name)
-    models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
+    store = None if results is False else ResultsStore.open(None if results in (None, True) else results, fresh)
+    src = models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
     say = print if verbose else (lambda *a, **k: None)
-    say(f"Loading {models.model_display_name(model)} ({dtype_name(torch_dtype)}, {device})...")
-    t_load = time.perf_counter()
-    lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
-    t_load = time.perf_counter() - t_load
-    geometry = layout.geometry(lm)  # a cache kvlib cannot compress fails here, before any window
+    name = models.model_display_name(model)
+    tok, config = models.load_tokenizer_and_config(model)
     ids = corpus.tokenize(tok, text)
-    L = context_length or models.context_length(lm)
+    L = context_length or models.context_length(config)
     check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
-    checks.check_inputs(lm, tok, ids.shape[1], text.name)
+    identity = provenance.identify(src, tok, ids, torch_dtype, device, L, stride, bridge.find_cli_binary())
+    if store is not None:
+        say(f"Results store: {store.root}" + (" (--fresh: not reading it)" if fresh else ""))
+    loaded: dict[str, Any] = {}
+
+    def load() -> Any:
+        if "lm" not in loaded:
+            say(f"Loading {name} ({dtype_name(torch_dtype)}, {device})...")
+            t = time.perf_counter()
+            loaded["lm"], _ = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
+            loaded["t"] = time.perf_counter() - t
+        return loaded["lm"]
+
+    geometry = _geometry(store, identity, load)  # a cache kvlib cannot compress fails here, before any window
+    if checks.retrieval is not None or checks.agreement is not None:
+        checks.check_inputs(load(), tok, ids.shape[1], text.name)
+    executor, job = None, None
+    if ray or os.environ.get("RAY_ADDRESS") or os.environ.get("KVLIB_RAY", "") in ("1", "true", "True"):
+        executor = RayExecutor(address=ray if isinstance(ray, str) else None)
+        job = _job_for(resolved, peers, L, stride, max_windows, name, model, device, dtype_name(torch_dtype))
     names = ", ".join(c.name for c in resolved) + (" + the transformers QuantizedCache peer" if peers else "")
     say(f"Scoring {names} on {text.name} ({ids.shape[1]} tokens, window {L}, stride {stride})...")
     t0 = time.perf_counter()
+    loaded_before = "lm" in loaded
     progress = verbose if progress is None else progress
     with tempfile.TemporaryDirectory(prefix="kvlib-sweep-") as tmp:
         schemes, first, timing = score_schemes(
-            lm, ids, L, stride, resolved, workdir or tmp, models.model_display_name(model), threshold, peers,
-            max_windows, progress)
-        seconds = time.perf_counter() - t0
+            load, ids, L, stride, resolved, workdir or tmp, name, threshold, peers, max_windows, progress,
+            store=store, identity=identity, executor=executor, job=job)
+        seconds = time.perf_counter() - t0 - (0.0 if loaded_before else loaded.get("t", 0.0))
+        say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
+        lm = loaded.get("lm")
         retrieval, agreement = run_decoding_checks(lm, tok, ids, resolved, checks, workdir or tmp,
                                                    models.model_display_name(model), text.name, peers, progress)
     for s in schemes:
@@ -289,7 +386,7 @@ def run_sweep(
         context_baseline_perplexity=first.context_baseline_perplexity, schemes=schemes, recommended=rec,
         recommendation=sentence,
         kv_geometry=geometry,
-        timing={"total_s": time.perf_counter() - t_start, "model_load_s": t_load, "scoring_s": seconds,
+        timing={"total_s": time.perf_counter() - t_start, "model_load_s": loaded.get("t", 0.0), "scoring_s": seconds,
                 "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing,
                 **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),
                 **({"agreement_s": agreement.timing["total_s"]} if agreement else {})},
@@ -298,6 +395,18 @@ def run_sweep(
     if verbose:
         print_sweep(result)
     return result
+
+
+def _geometry(store: ResultsStore | None, identity: RunIdentity, load: Any) -> dict[str, Any]:
+    """The model's cache geometry: from the store, or from the model (loaded now, so that a
+    cache kvlib cannot compress fails before any window)."""
+    unit = store.get(unit_key(identity.geometry())) if store is not None else None
+    if unit is not None:
+        return unit["geometry"]
+    geometry = layout.geometry(load())
+    if store is not None:
+        store.put(identity.geometry(), {"geometry": geometry})
+    return geometry
 
 
 def default_schemes() -> list[str]:

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from kvlib import bridge, cache, corpus, layout, models
+from kvlib import bridge, cache, corpus, layout, models, provenance
 from kvlib.codec import CodecConfig, resolve_codec
 from kvlib.decoding import DecodingChecks, run_decoding_checks
 from kvlib.gates import CI_LEVEL, PPL_DELTA_THRESHOLD
+from kvlib.store import ResultsStore
 from kvlib.sweep import check_corpus_length, check_parameters, dtype_name, resolve_dtype, score_schemes, write_json
 
 KVQUANT_THRESHOLD = PPL_DELTA_THRESHOLD  # the design documents' name
@@ -170,6 +171,8 @@ def run_full_validation(
     progress: bool | None = None,
     dtype: str | None = None,
     checks: DecodingChecks = DecodingChecks(),
+    results: str | os.PathLike | None | bool = None,
+    fresh: bool = False,
 ) -> ValidationResult:
     """Run the six steps and return the result (see the module docstring for the gate).
 
@@ -184,7 +187,8 @@ def run_full_validation(
     device = device or cache.default_device()
     torch_dtype = resolve_dtype(dtype, device)
     text = corpus.load_corpus(corpus_name)  # a bad corpus fails before the slow model load
-    models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
+    store = None if results is False else ResultsStore.open(None if results in (None, True) else results, fresh)
+    src = models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
 
     _say(verbose, f"[1/6] Loading {models.model_display_name(model)}...")
@@ -210,9 +214,11 @@ def run_full_validation(
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
                       f"({ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")
+        identity = provenance.identify(src, tok, ids, torch_dtype, device, L, stride, bridge.find_cli_binary())
         (scheme,), ppl, bridge_timing = score_schemes(
             lm, ids, L, stride, [codec], Path(workdir) / "windows", name, threshold, peers=False,
-            max_windows=max_windows, progress=verbose if progress is None else progress)
+            max_windows=max_windows, progress=verbose if progress is None else progress, store=store,
+            identity=identity)
         retrieval, agreement = run_decoding_checks(lm, tok, ids, [codec], checks, workdir, name, text.name,
                                                    progress=verbose if progress is None else progress)
     finally:

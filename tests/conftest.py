@@ -18,6 +18,15 @@ REPO = Path(__file__).resolve().parent.parent
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
 
 
+@pytest.fixture(autouse=True)
+def own_results_store(tmp_path, monkeypatch):
+    """Each test starts from an empty results store of its own (runs write units by default)."""
+    monkeypatch.setenv("KVLIB_RESULTS", str(tmp_path / "kvlib-results"))
+    monkeypatch.delenv("KVLIB_FRESH", raising=False)
+    monkeypatch.delenv("KVLIB_RAY", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
 @pytest.fixture(scope="session")
 def cli() -> str:
     """Path of the built kv-compress (make setup builds it)."""

@@ -1,0 +1,61 @@
+"""Sweeps on Ray: a local cluster (started once for the module) runs the units on actors,
+and the merged result is the serial run's to the byte (timings aside), also when a worker
+is killed mid-run (its window is recomputed on the restarted actor). An unreachable cluster
+is a one-line error naming its address."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from test_store import numbers, sweep, tiny_dir  # noqa: F401  (the fixture)
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def test_ray_gives_the_serial_result(tiny_dir, tmp_path, cluster):  # noqa: F811
+    serial = sweep(tiny_dir, tmp_path / "serial")
+    on_ray = sweep(tiny_dir, tmp_path / "ray", ray=True)
+    assert on_ray.timing["units_computed"] == 10 and on_ray.timing["ray_units_s"] > 0
+    assert numbers(on_ray) == numbers(serial)
+    assert sweep(tiny_dir, tmp_path / "ray", ray=True).timing["units_computed"] == 0  # nothing left to ship
+
+
+def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, monkeypatch):  # noqa: F811
+    from kvlib import executor
+
+    run, killed = executor.RayExecutor.run, []
+
+    def run_and_kill(self, job, ids, missing, on_window):
+        def told(index, outcomes):
+            on_window(index, outcomes)
+            if not killed:  # after the first window: kill a worker, busy or not
+                os.kill(self.pids[0], signal.SIGKILL)
+                killed.append(self.pids[0])
+        return run(self, job, ids, missing, told)
+
+    monkeypatch.setattr(executor.RayExecutor, "run", run_and_kill)
+    on_ray = sweep(tiny_dir, tmp_path / "ray")  # RAY_ADDRESS-free: ray=True below
+    monkeypatch.setattr(executor.RayExecutor, "run", run_and_kill)
+    killed_run = sweep(tiny_dir, tmp_path / "killed", ray=True)
+    assert killed and killed_run.timing["units_computed"] == 10
+    assert numbers(killed_run) == numbers(on_ray)
+
+
+def test_an_unreachable_cluster_is_one_line(tiny_dir, tmp_path):  # noqa: F811
+    from kvlib.executor import RayUnavailable, ray_init
+
+    if ray.is_initialized():
+        ray.shutdown()
+    with pytest.raises(RayUnavailable, match="127.0.0.1:1") as e:
+        ray_init("127.0.0.1:1")
+    assert "\n" not in str(e.value)
