@@ -276,16 +276,21 @@ def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3
             return {n: CLICacheRoundtrip(tmp / sub / n, n, "SmolLM2-135M", context=fctx) for n in names}
 
         trip: dict[str, float] = {}
-        for _ in range(rounds):  # one cache, every scheme: (round trip - codec) / codec, best round
+        cold: dict[str, float] = {}
+        for _ in range(rounds):  # every scheme on one cache: (round trip - codec) / codec, best round
             for backend in ("server", "cli"):
                 ts = make(backend, schemes, f"trip-{backend}")
-                wall = codec = 0.0
-                for t in ts.values():
-                    t0 = time.perf_counter()
-                    _, m = t(src_cache)
-                    wall += time.perf_counter() - t0
-                    codec += m.codec_time_ms / 1000
-                trip[backend] = min(trip.get(backend, math.inf), (wall - codec) / codec)
+                # The first window meets fresh buffers (cold); every later one reuses them (a new
+                # cache object, so the context is written again, as for a new window).
+                for which, cache in (("cold", src_cache), ("warm", make_cache(cache_layers(src_cache)))):
+                    wall = codec = 0.0
+                    for t in ts.values():
+                        t0 = time.perf_counter()
+                        _, m = t(cache)
+                        wall += time.perf_counter() - t0
+                        codec += m.codec_time_ms / 1000
+                    d = trip if which == "warm" else cold
+                    d[backend] = min(d.get(backend, math.inf), (wall - codec) / codec)
         best: dict[str, float] = {}
         share: dict[str, float] = {}
         codec_s: dict[str, float] = {}
@@ -307,14 +312,15 @@ def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3
     print(f"== Codec server (kv-compress serve, shared memory) against the file CLI; best of {rounds} rounds")
     print(f"  bridge / codec compute per round trip, one 2048-token cache, {', '.join(schemes)}:")
     print(f"    server {trip['server']:6.2f}   file CLI {trip['cli']:6.2f}   (target: round trip <= 1.5 x codec, "
-          f"i.e. bridge / codec <= 0.5: {'met' if trip['server'] <= 0.5 else 'MISS'})")
+          f"i.e. bridge / codec <= 0.5: {'met' if trip['server'] <= 0.5 else 'MISS'}); the first window, on fresh "
+          f"buffers: server {cold['server']:.2f}, file CLI {cold['cli']:.2f}")
     print(f"  sweep of {windows} windows, {len(schemes)} schemes: bridge share of scoring time "
           f"server {100 * share['server-3']:.1f} %, file CLI {100 * share['cli-3']:.1f} % "
           f"(scoring {best['server-3']:.1f} s against {best['cli-3']:.1f} s)")
     print(f"  an extra scheme costs {extra:.2f} s per {windows} windows; its codec compute {extra_codec:.2f} s + its "
           f"suffix forwards {suffix:.2f} s = {extra_codec + suffix:.2f} s: ratio {extra / (extra_codec + suffix):.3f} "
           f"(target <= 1.10: {'met' if extra <= 1.10 * (extra_codec + suffix) else 'MISS'})")
-    print(f"  overlap (window w's codec during window w+1's forward), same sweep: {best['server-3-overlap']:.1f} s "
+    print(f"  overlap (window w's codec during w-1's suffixes and w+1's forward), same sweep: {best['server-3-overlap']:.1f} s "
           f"against {best['server-3']:.1f} s sequential (ratio {best['server-3-overlap'] / best['server-3']:.3f}; "
           "on a CPU the model and the codec share the cores)")
     print("  shared memory in use: one context copy + one reconstruction per scheme, each one window's cache\n")

@@ -20,7 +20,9 @@ import torch
 
 from kvlib.codec import CodecConfig
 from kvlib.generate import greedy_continue, prefill, stack_caches
-from kvlib.transforms import cache_transforms
+from kvlib.provenance import digest
+from kvlib.transforms import cache_transforms, transform_spec
+from kvlib.units import CheckUnits
 
 EXACT = "exact"
 
@@ -126,27 +128,39 @@ def _sample_text(tokenizer: Any, prompt: list[int], exact: list[int], other: lis
 def run_agreement(model: Any, tokenizer: Any, ids: torch.Tensor, codecs: list[CodecConfig],
                   workdir: str | os.PathLike, config: AgreementConfig = AgreementConfig(), model_name: str = "unknown",
                   corpus_name: str = "corpus", peers: bool = False, transforms: dict[str, Any] | None = None,
-                  progress: bool = False) -> AgreementResult:
+                  progress: bool = False, units: CheckUnits | None = None) -> AgreementResult:
     """Greedy continuations of ``config.prompts`` prompts cut from ``ids``, with
     the exact cache and with each codec's (and the peer's) reconstruction of
-    the context through the real CLI; ``transforms`` replaces the codecs."""
+    the context through the real CLI; ``transforms`` replaces the codecs. With ``units``, each
+    scheme's continuations are read from the results store when there, and stored when computed."""
     prompts = cut_prompts(ids, config, corpus_name)
     missing = None
     if transforms is None:
         transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers,
                                                slots=config.prompts)
-    t0 = time.perf_counter()
-    contexts = [prefill(model, p[:-1]) for p in prompts]
-    t_prefill = time.perf_counter() - t0
+    units = units or CheckUnits(None, None, "agreement")
+    inputs = digest([prompts, config.new_tokens])
+    specs = {EXACT: "exact", **{k: transform_spec(t) for k, t in transforms.items()}}
+    contexts, t_prefill = None, 0.0  # prefilled when some scheme is not in the store
     last = torch.tensor([[p[-1]] for p in prompts])
     results = []
     for name in [EXACT, *transforms]:
+        stored = units.get(inputs, specs[name]) if specs[name] else None
+        if stored is not None:
+            results.append(SchemeAgreement(name, stored["tokens"], seconds=stored["seconds"]))
+            continue
+        if contexts is None:
+            t0 = time.perf_counter()
+            contexts = [prefill(model, p[:-1]) for p in prompts]
+            t_prefill = time.perf_counter() - t0
         t0 = time.perf_counter()
         # Each reconstruction is copied into the batch as it arrives: one alive at a time.
         batch = stack_caches(contexts if name == EXACT else (transforms[name](c)[0] for c in contexts), len(contexts))
         tokens = greedy_continue(model, batch, last, config.new_tokens).tolist()
         del batch
         results.append(SchemeAgreement(name, tokens, seconds=time.perf_counter() - t0))
+        if specs[name]:
+            units.put(inputs, specs[name], {"tokens": tokens, "seconds": results[-1].seconds})
         if progress:
             print(f"  agreement {name}: {results[-1].seconds:.1f} s", flush=True)
     exact, schemes = results[0], results[1:]

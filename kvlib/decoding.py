@@ -16,8 +16,11 @@ import torch
 
 from kvlib.agreement import AgreementConfig, AgreementResult, prompt_starts, run_agreement
 from kvlib.codec import CodecConfig
+from kvlib.provenance import RunIdentity
 from kvlib.retrieval import (RetrievalConfig, RetrievalResult, build_haystacks, lengths_within, model_context,
                              run_retrieval)
+from kvlib.store import ResultsStore
+from kvlib.units import CheckUnits
 
 
 @dataclass(frozen=True)
@@ -55,19 +58,22 @@ class DecodingChecks:
 
 def run_decoding_checks(lm: Any, tokenizer: Any, ids: torch.Tensor, codecs: list[CodecConfig], checks: DecodingChecks,
                         workdir: str | os.PathLike, model_name: str, corpus_name: str, peers: bool = False,
-                        progress: bool = False) -> tuple[RetrievalResult | None, AgreementResult | None]:
-    """Run the checks ``checks`` asks for; each prefills its own prompts once for every codec."""
+                        progress: bool = False, store: ResultsStore | None = None,
+                        identity: RunIdentity | None = None) -> tuple[RetrievalResult | None, AgreementResult | None]:
+    """Run the checks ``checks`` asks for; each prefills its own prompts once for every codec.
+    With ``store`` and ``identity``, their units are read from the store and kept in it."""
     retrieval = agreement = None
     if checks.retrieval is not None:
         if progress:
             print("Pass-key retrieval...", flush=True)
         retrieval = run_retrieval(lm, tokenizer, codecs, Path(workdir) / "retrieval", checks.retrieval, model_name,
-                                  peers, progress=progress)
+                                  peers, progress=progress, units=CheckUnits(store, identity, "retrieval"))
     if checks.agreement is not None:
         if progress:
             print("Generation agreement...", flush=True)
         agreement = run_agreement(lm, tokenizer, ids, codecs, Path(workdir) / "agreement", checks.agreement,
-                                  model_name, corpus_name, peers, progress=progress)
+                                  model_name, corpus_name, peers, progress=progress,
+                                  units=CheckUnits(store, identity, "agreement"))
     return retrieval, agreement
 
 

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -75,7 +75,7 @@ class RayUnavailable(RuntimeError):
 class _Worker:
     """A Ray actor's state: the model, tokenizer and transforms, loaded once."""
 
-    def __init__(self, job: ScoringJob, ids: torch.Tensor) -> None:
+    def __init__(self, job: ScoringJob) -> None:
         from kvlib import models
         from kvlib.codec import resolve_codec
         from kvlib.sweep import DTYPES
@@ -83,7 +83,7 @@ class _Worker:
 
         if job.threads:
             torch.set_num_threads(job.threads)
-        self.job, self.ids = job, ids
+        self.job = job
         device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else job.device
         self.lm, _ = models.load_model_and_tokenizer(job.model, device=device, dtype=DTYPES[job.dtype])
         self._tmp = tempfile.TemporaryDirectory(prefix="kvlib-worker-")
@@ -93,9 +93,11 @@ class _Worker:
     def pid(self) -> int:
         return os.getpid()
 
-    def score(self, index: int, names: list[str]) -> tuple[int, dict[str, dict[str, Any]]]:
+    def score(self, index: int, names: list[str], ids: Any) -> tuple[int, dict[str, dict[str, Any]]]:
+        """Window ``index``'s outcomes for ``names``; ``ids`` (the corpus's token ids, numpy) come
+        with each task from the object store, so a restarted actor needs nothing from before."""
         out: dict[str, Outcome] = {}
-        score_windows(self.lm, self.ids, self.job.max_length, self.job.stride, {n: self.transforms[n] for n in names},
+        score_windows(self.lm, torch.from_numpy(ids.copy()), self.job.max_length, self.job.stride, {n: self.transforms[n] for n in names},
                       self.job.max_windows, progress=False, select={index}, on_window=lambda i, r: out.update(r))
         return index, {n: encode(o) for n, o in out.items()}
 
@@ -161,9 +163,11 @@ class RayExecutor:
         n = min(n, len(missing))
         Worker = ray.remote(num_cpus=self.cpus_per_worker, num_gpus=gpus, max_restarts=self.max_restarts,
                             max_task_retries=self.max_restarts)(_Worker)
-        ids_ref = ray.put(ids.cpu())
+        ids_ref = ray.put(ids.cpu().numpy())
+        # Each actor's torch uses the CPUs Ray gives it (the numbers do not depend on it: tested).
+        job = replace(job, threads=self.cpus_per_worker)
         # The actors load the model concurrently; t1 is when the last is ready.
-        self.actors = [Worker.remote(job, ids_ref) for _ in range(n)]
+        self.actors = [Worker.remote(job) for _ in range(n)]
         self.pids = ray.get([a.pid.remote() for a in self.actors])  # each has loaded the model
         todo = sorted(missing.items())
         running: dict[Any, Any] = {}
@@ -174,7 +178,7 @@ class RayExecutor:
                 while todo and idle:
                     actor = idle.pop()
                     index, names = todo.pop(0)
-                    running[actor.score.remote(index, names)] = actor
+                    running[actor.score.remote(index, names, ids_ref)] = actor
                 ready, _ = ray.wait(list(running), num_returns=1)
                 for ref in ready:
                     idle.append(running.pop(ref))

@@ -104,10 +104,22 @@ class RunIdentity:
         """The identity of one scheme's result on window ``w``."""
         return {**self.window(w), "unit": "scheme", "scheme": spec}
 
+    def decoding(self, check: str, inputs: str, scheme: str) -> dict[str, Any]:
+        """The identity of one scheme's result in a decoding check (``check``: retrieval or
+        agreement) on ``inputs`` (a digest of its prompts and settings): the corpus, window length
+        and stride do not enter, the prompts do."""
+        return {"model": self.model, "dtype": self.dtype, "device": self.device, "tokenizer": self.tokenizer,
+                "code": self.code, "versions": self.versions, "unit": check, "inputs": inputs, "scheme": scheme}
+
     def geometry(self) -> dict[str, Any]:
         """The identity of the model's cache geometry (no window)."""
         return {"model": self.model, "dtype": self.dtype, "code": self.code, "versions": self.versions,
                 "unit": "geometry"}
+
+
+def digest(value: Any) -> str:
+    """sha256 of a JSON-able value (prompts, settings)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def identify(src: ModelSource, tokenizer: Any, ids: torch.Tensor, dtype: torch.dtype, device: str | torch.device,

@@ -24,7 +24,9 @@ import torch
 from kvlib.codec import CodecConfig
 from kvlib.generate import greedy_continue, prefill, stack_caches
 from kvlib.layout import model_layout
-from kvlib.transforms import cache_transforms
+from kvlib.provenance import digest
+from kvlib.transforms import cache_transforms, transform_spec
+from kvlib.units import CheckUnits
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.")
@@ -245,11 +247,13 @@ def lengths_within(config: RetrievalConfig, max_context: int | None) -> tuple[in
 def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: str | os.PathLike,
                   config: RetrievalConfig = RetrievalConfig(), model_name: str = "unknown", peers: bool = False,
                   max_context: int | None = None, transforms: dict[str, Any] | None = None,
-                  progress: bool = False) -> RetrievalResult:
+                  progress: bool = False, units: CheckUnits | None = None) -> RetrievalResult:
     """Every haystack of ``config`` (lengths above ``max_context``, default the
     model's, left out), prefilled once, answered by the exact cache and by each
     codec's (and the peer's) reconstruction through the real CLI. ``transforms``
-    replaces the codecs (tests pass an identity)."""
+    replaces the codecs (tests pass an identity). With ``units``, each batch's answers per
+    scheme are read from the results store when there, and stored when computed."""
+    units = units or CheckUnits(None, None, "retrieval")
     lengths = lengths_within(config, max_context or model_context(model))
     haystacks = build_haystacks(tokenizer, config, lengths)
     missing = None
@@ -257,6 +261,7 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
         transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers,
                                                slots=config.cells_per_length)
     names = [EXACT, *transforms]
+    specs = {EXACT: "exact", **{k: transform_spec(t) for k, t in transforms.items()}}
     answers: dict[str, list[Answer]] = {k: [] for k in names}
     seconds = dict.fromkeys(names, 0.0)
     t_prefill = 0.0
@@ -264,19 +269,31 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
     for h in haystacks:  # equal token counts decode as one batch
         groups.setdefault(len(h.ids), []).append(h)
     for i, group in enumerate(groups.values()):
-        t0 = time.perf_counter()
-        exact = [prefill(model, h.ids) for h in group]
-        t_prefill += time.perf_counter() - t0
+        inputs = digest([[h.ids, h.question, h.key] for h in group] + [config.answer_tokens])
+        exact = None  # prefilled when some scheme of this group is not in the store
         for name in names:
+            stored = units.get(inputs, specs[name]) if specs[name] else None
+            if stored is not None:
+                answers[name] += [Answer(**a) for a in stored["answers"]]
+                seconds[name] += stored["seconds"]
+                continue
+            if exact is None:
+                t0 = time.perf_counter()
+                exact = [prefill(model, h.ids) for h in group]
+                t_prefill += time.perf_counter() - t0
             t0 = time.perf_counter()
             # Each reconstruction is copied into the batch as it arrives: one alive at a time.
             batch = stack_caches(exact if name == EXACT else (transforms[name](c)[0] for c in exact), len(exact))
-            answers[name] += _answers(model, tokenizer, batch, group, config.answer_tokens)
+            got = _answers(model, tokenizer, batch, group, config.answer_tokens)
             del batch
-            seconds[name] += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            answers[name] += got
+            seconds[name] += dt
+            if specs[name]:
+                units.put(inputs, specs[name], {"answers": [asdict(a) for a in got], "seconds": dt})
             if progress:
                 print(f"  retrieval {i + 1}/{len(groups)} ({group[0].length} tokens) {name}: "
-                      f"{sum(a.found for a in answers[name][-len(group):])}/{len(group)}", flush=True)
+                      f"{sum(a.found for a in got)}/{len(group)}", flush=True)
         del exact
     exact_r = SchemeRetrieval(EXACT, answers[EXACT], seconds[EXACT])
     schemes = [SchemeRetrieval(n, answers[n], seconds[n]) for n in names[1:]]

@@ -371,8 +371,8 @@ def run_sweep(
         seconds = time.perf_counter() - t0 - (0.0 if loaded_before else loaded.get("t", 0.0))
         say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
         lm = loaded.get("lm")
-        retrieval, agreement = run_decoding_checks(lm, tok, ids, resolved, checks, workdir or tmp,
-                                                   models.model_display_name(model), text.name, peers, progress)
+        retrieval, agreement = run_decoding_checks(lm, tok, ids, resolved, checks, workdir or tmp, name, text.name,
+                                                   peers, progress, store=store, identity=identity)
     for s in schemes:
         for k, v in readings(s.name, retrieval, agreement).items():
             setattr(s, k, v)

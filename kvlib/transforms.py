@@ -44,3 +44,20 @@ def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, mode
         for nbits in PEER_BITS:
             transforms[peer_name(nbits)] = QuantoPeer(nbits)
     return transforms, missing
+
+
+def transform_spec(transform: Any) -> str | None:
+    """What a transform computes, as a unit's key names it: the codec's canonical spec, or
+    the peer's settings and optimum-quanto version; None for any other (never stored)."""
+    codec = getattr(transform, "codec", None)
+    if codec is not None:
+        return codec.spec
+    if hasattr(transform, "nbits"):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("optimum-quanto")
+        except PackageNotFoundError:
+            v = "?"
+        return f"quanto int{transform.nbits}, group {transform.q_group_size}, residual 0, optimum-quanto {v}"
+    return None

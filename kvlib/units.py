@@ -72,3 +72,26 @@ class ScoringPlan:
             out[name] = summarize([r for r, _ in got], [m for _, m in got if m is not None],
                                   self.identity.context_length, self.identity.stride, seconds)
         return out
+
+
+@dataclass
+class CheckUnits:
+    """A decoding check's units (one per scheme and batch of prompts): what the store holds, and
+    where new ones go. Without a store or identity, nothing is found and nothing is kept."""
+
+    store: ResultsStore | None
+    identity: RunIdentity | None
+    check: str  # "retrieval" or "agreement"
+
+    def _ident(self, inputs: str, scheme: str) -> dict[str, Any]:
+        assert self.identity is not None
+        return self.identity.decoding(self.check, inputs, scheme)
+
+    def get(self, inputs: str, scheme: str) -> dict[str, Any] | None:
+        if self.store is None or self.identity is None:
+            return None
+        return self.store.get(unit_key(self._ident(inputs, scheme)))
+
+    def put(self, inputs: str, scheme: str, body: dict[str, Any]) -> None:
+        if self.store is not None and self.identity is not None:
+            self.store.put(self._ident(inputs, scheme), body)

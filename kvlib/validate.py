@@ -220,7 +220,8 @@ def run_full_validation(
             max_windows=max_windows, progress=verbose if progress is None else progress, store=store,
             identity=identity)
         retrieval, agreement = run_decoding_checks(lm, tok, ids, [codec], checks, workdir, name, text.name,
-                                                   progress=verbose if progress is None else progress)
+                                                   progress=verbose if progress is None else progress, store=store,
+                                                   identity=identity)
     finally:
         if own_tmp is not None:
             own_tmp.cleanup()

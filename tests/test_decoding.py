@@ -209,3 +209,36 @@ def test_report_figures_state_their_numbers(smol, tmp_path):
 def test_cli_rejects_bad_checks_before_loading(args, msg, cli):
     p = subprocess.run([sys.executable, "-m", "kvlib", *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
+    """Each batch's answers and continuations per scheme go to the results store; a second run
+    reads them all back (nothing prefilled or decoded) and reports the same numbers."""
+    import kvlib.agreement
+    import kvlib.retrieval
+    from kvlib.corpus import load_corpus, tokenize
+    from kvlib.provenance import RunIdentity
+    from kvlib.store import ResultsStore
+    from kvlib.units import CheckUnits
+
+    lm, tok = smol
+    ident = RunIdentity("m", "float32", "cpu", "tok", "ids", "code", "versions", 2048, 512)
+    store = ResultsStore.open(tmp_path / "store")
+    ids = tokenize(tok, load_corpus("embedded"))
+    codecs = [resolve_codec("int8")]
+
+    def both():
+        r = run_retrieval(lm, tok, codecs, tmp_path / "r", TINY_R, "smol", units=CheckUnits(store, ident, "retrieval"))
+        a = run_agreement(lm, tok, ids, codecs, tmp_path / "a", TINY_A, "smol",
+                          units=CheckUnits(store, ident, "agreement"))
+        return r.to_dict(), a.to_dict()
+
+    def numbers(d):
+        return {k: v for k, v in d.items() if k != "timing"}
+
+    first = both()
+    assert len(store) == 2 * 2 + 2  # retrieval: 2 lengths x (exact, int8); agreement: exact, int8
+    for mod in (kvlib.retrieval, kvlib.agreement):
+        monkeypatch.setattr(mod, "prefill", lambda *a, **k: pytest.fail("prefilled a stored unit"))
+    again = both()
+    assert [numbers(d) for d in again] == [numbers(d) for d in first]
