@@ -198,6 +198,32 @@ def _cached_gguf_tokenizer(src: ModelSource) -> tuple[Any, Any]:
     return AutoTokenizer.from_pretrained(cache), AutoConfig.from_pretrained(cache)
 
 
+class LazyModel:
+    """A model loaded on first use. Its ``config`` is there before that, so what needs only the
+    config (the context length, the cache layout) never loads it; calling it, or any other
+    attribute, loads it (once) and forwards."""
+
+    def __init__(self, load: Any, config: Any) -> None:
+        self._load, self._model, self.config = load, None, config
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def get(self) -> Any:
+        if self._model is None:
+            self._model = self._load()
+        return self._model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.get()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # only for what the instance does not hold itself
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+
 def list_models() -> list[dict]:
     """The offline zoo (and the embedded model): name, architecture, size, whether fetched."""
     from kvlib import zoo

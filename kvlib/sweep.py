@@ -321,7 +321,7 @@ def run_sweep(
 
     Every window's units go to the results store ``results`` (default ``$KVLIB_HOME/results``;
     False: none) as they finish and are read back on the next run (``fresh``: ignore them); a
-    run with nothing missing loads no model. ``ray`` (True, or a cluster address; also when
+    run with nothing missing (decoding checks included) loads no model. ``ray`` (True, or a cluster address; also when
     RAY_ADDRESS is set or KVLIB_RAY=1) computes the missing units on Ray actors."""
     t_start = time.perf_counter()
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
@@ -353,8 +353,8 @@ def run_sweep(
         return loaded["lm"]
 
     geometry = _geometry(store, identity, load)  # a cache kvlib cannot compress fails here, before any window
-    if checks.retrieval is not None or checks.agreement is not None:
-        checks.check_inputs(load(), tok, ids.shape[1], text.name)
+    lazy = models.LazyModel(load, config)  # the decoding checks load it only for a unit not stored
+    checks.check_inputs(lazy, tok, ids.shape[1], text.name)
     executor, job = None, None
     if ray or os.environ.get("RAY_ADDRESS") or os.environ.get("KVLIB_RAY", "") in ("1", "true", "True"):
         executor = RayExecutor(address=ray if isinstance(ray, str) else None)
@@ -370,8 +370,7 @@ def run_sweep(
             store=store, identity=identity, executor=executor, job=job)
         seconds = time.perf_counter() - t0 - (0.0 if loaded_before else loaded.get("t", 0.0))
         say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
-        lm = loaded.get("lm")
-        retrieval, agreement = run_decoding_checks(lm, tok, ids, resolved, checks, workdir or tmp, name, text.name,
+        retrieval, agreement = run_decoding_checks(lazy, tok, ids, resolved, checks, workdir or tmp, name, text.name,
                                                    peers, progress, store=store, identity=identity)
     for s in schemes:
         for k, v in readings(s.name, retrieval, agreement).items():

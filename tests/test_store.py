@@ -155,3 +155,15 @@ def test_two_writers_of_one_key_never_show_a_partial_file(tmp_path, capsys):
         [f.result() for f in futs[:2]]
     assert all(seen) and "warning" not in capsys.readouterr().err
     assert not list(tmp_path.glob("??/*.tmp"))
+
+
+def test_a_finished_run_with_decoding_checks_loads_no_model(tiny_dir, tmp_path, monkeypatch):
+    from kvlib.agreement import AgreementConfig
+    from kvlib.decoding import DecodingChecks
+
+    checks = DecodingChecks(agreement=AgreementConfig(prompts=2, context_tokens=64, new_tokens=3))
+    first = sweep(tiny_dir, tmp_path / "s", checks=checks)
+    assert first.agreement and first.timing["model_load_s"] > 0
+    monkeypatch.setattr(models, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded the model"))
+    again = sweep(tiny_dir, tmp_path / "s", checks=checks)
+    assert again.timing["units_computed"] == 0 and numbers(again) == numbers(first)
