@@ -13,6 +13,7 @@ from kvlib.cache import cache_layers
 from kvlib.codec_server import CodecServer, ServerCacheRoundtrip, SharedContext
 from kvlib.layout import CacheLayout, make_cache
 from kvlib.pinned import is_pinned
+from test_codec_server import random_cache
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -20,15 +21,8 @@ SCHEMES = ("int4", "kivi4", "q8_0", "k=asym3/g48/channel,v=sym5/g32/res16")
 
 
 def gpu_cache(dtype, layout=None, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    n = 4 if layout is None else len(layout.windows)
-    layers = []
-    for i in range(n):
-        t = 300 if layout is None else layout.stored(i)
-        k = torch.randn(1, 2, t, 64, generator=g) * 2
-        k[..., :3] *= 10
-        layers.append((k.to("cuda", dtype), torch.randn(1, 2, t, 64, generator=g).to("cuda", dtype)))
-    return make_cache(layers, layout)
+    """test_codec_server's random cache (outlier key channels), on the GPU."""
+    return make_cache([(k.cuda(), v.cuda()) for k, v in cache_layers(random_cache(dtype, layout, seed))], layout)
 
 
 def tensors(c):
