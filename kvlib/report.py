@@ -380,7 +380,7 @@ def timing_rows(timing: dict[str, float]) -> list[tuple[str, str]]:
     if "scored_tokens_per_s" in timing:
         rows.append(("scored tokens per second", fmt(timing["scored_tokens_per_s"], ".1f")))
     if "units_computed" in timing:
-        rows.append(("units computed / read from the store",
+        rows.append(("perplexity units computed / read from the store",
                      f"{timing['units_computed']:.0f} / {timing.get('units_reused', 0):.0f}"))
     if "total_s" in timing:
         rows.append(("total", fmt_seconds(timing["total_s"])))
