@@ -27,6 +27,16 @@ def peer_name(nbits: int) -> str:
     return f"hf-quanto-int{nbits}"
 
 
+def quanto_version() -> str:
+    """optimum-quanto's version ("?" when absent), as a peer unit's key names it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("optimum-quanto")
+    except PackageNotFoundError:
+        return "?"
+
+
 def peer_unavailable() -> str | None:
     """Why the peer cannot run here, or None when it can."""
     try:

@@ -229,13 +229,14 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     With ``store`` and ``identity``, finished units are read from the store and new ones
     written to it as each window finishes; ``executor`` (default in-process; needs ``job``)
     computes the missing ones. The merged result does not depend on which did what."""
-    from kvlib.peer import PEER_BITS, peer_name, peer_unavailable
+    from kvlib.peer import PEER_BITS, peer_name, peer_unavailable, quanto_version
 
     missing_peer = peer_unavailable() if peers else None
     specs = {c.name: c.spec for c in codecs}
     if peers and missing_peer is None:
         specs.update({peer_name(b): peer_spec(b) for b in PEER_BITS})
-    keyed = {k: v if k in {c.name for c in codecs} else f"{v}, {_quanto_version()}" for k, v in specs.items()}
+    keyed = {k: v if k in {c.name for c in codecs} else f"{v}, optimum-quanto {quanto_version()}"
+             for k, v in specs.items()}
     made: dict[str, Any] = {}
 
     def load() -> Any:
@@ -276,15 +277,6 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     return out, res[codecs[0].name], timing
 
 
-def _quanto_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return f"optimum-quanto {version('optimum-quanto')}"
-    except PackageNotFoundError:
-        return "optimum-quanto ?"
-
-
 def _anonymous(max_length: int, stride: int) -> RunIdentity:
     """An identity for a run without a store (keys are never used)."""
     return RunIdentity("", "", "", "", "", "", "", max_length, stride)
@@ -321,8 +313,9 @@ def run_sweep(
 
     Every window's units go to the results store ``results`` (default ``$KVLIB_HOME/results``;
     False: none) as they finish and are read back on the next run (``fresh``: ignore them); a
-    run with nothing missing (decoding checks included) loads no model. ``ray`` (True, or a cluster address; also when
-    RAY_ADDRESS is set or KVLIB_RAY=1) computes the missing units on Ray actors."""
+    run with nothing missing (decoding checks included) loads no model. ``ray`` (True, or a
+    cluster address; also when RAY_ADDRESS is set or KVLIB_RAY=1) computes the missing units on
+    Ray actors."""
     t_start = time.perf_counter()
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
     if len({c.name for c in resolved}) != len(resolved):

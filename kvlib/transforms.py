@@ -53,11 +53,8 @@ def transform_spec(transform: Any) -> str | None:
     if codec is not None:
         return codec.spec
     if hasattr(transform, "nbits"):
-        from importlib.metadata import PackageNotFoundError, version
+        from kvlib.peer import quanto_version
 
-        try:
-            v = version("optimum-quanto")
-        except PackageNotFoundError:
-            v = "?"
-        return f"quanto int{transform.nbits}, group {transform.q_group_size}, residual 0, optimum-quanto {v}"
+        return (f"quanto int{transform.nbits}, group {transform.q_group_size}, residual 0, "
+                f"optimum-quanto {quanto_version()}")
     return None
