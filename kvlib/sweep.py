@@ -285,7 +285,7 @@ def _anonymous(max_length: int, stride: int) -> RunIdentity:
 def _job_for(codecs: list[CodecConfig], peers: bool, max_length: int, stride: int, max_windows: int | None,
              model_name: str, model: str = "", device: str = "cpu", dtype: str = "float32") -> ScoringJob:
     return ScoringJob(model, device, dtype, tuple(c.spec for c in codecs), peers, max_length, stride, max_windows,
-                      model_name, torch.get_num_threads())
+                      model_name)
 
 
 def run_sweep(
