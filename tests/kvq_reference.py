@@ -107,6 +107,70 @@ def quantize_asym(g: np.ndarray, bits: int) -> tuple[np.ndarray, int, int, np.nd
     return q, int(s.view(np.uint16)), int(m.view(np.uint16)), recon
 
 
+def quantize_full(g: np.ndarray, bits: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """One full-range symmetric group ("symf"): s = fp16(e / -2^(b-1)), e the first element of
+    largest |x|; q = clip(rint(x / s), -2^(b-1), 2^(b-1) - 1). (codes, scale FP16 bits, recon)."""
+    half = np.float32(2 ** (bits - 1))
+    e = g[int(np.argmax(np.abs(g)))] if g.size else np.float32(0)
+    with np.errstate(over="ignore"):
+        h = np.float32(e / -half).astype(np.float16)
+    if not np.isfinite(h):
+        raise ScaleOverflow("group scale overflows FP16")
+    s = np.float32(h)
+    if s == 0:  # stored as +0
+        return np.zeros(g.size, np.int8), 0, np.zeros(g.size, np.float32)
+    q = np.clip(np.rint(g / s), -half, half - 1).astype(np.int8)
+    return q, int(h.view(np.uint16)), q.astype(np.float32) * s
+
+
+# Lloyd-Max ("lm"): the levels of a unit Gaussian and the candidate scales' fractions, per width.
+LM_LEVELS = {2: [0.4528, 1.5104], 3: [0.2451, 0.7560, 1.3439, 2.1519],
+             4: [0.1284, 0.3881, 0.6568, 0.9424, 1.2562, 1.6180, 2.0690, 2.7326]}
+LM_FRACTIONS = {2: [0.45, 0.55, 0.65, 0.75], 3: [0.7, 0.8, 0.9, 1.0], 4: [0.85, 0.95, 1.05, 1.15]}
+
+
+def lm_codebook(bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(levels L, midpoints M, candidate factors F) in float32, computed in float64 first."""
+    full = [-v for v in reversed(LM_LEVELS[bits])] + LM_LEVELS[bits]
+    mids = [(a + b) / 2 for a, b in zip(full[:-1], full[1:])]
+    return (np.array(full, np.float32), np.array(mids, np.float32),
+            np.array([f / full[-1] for f in LM_FRACTIONS[bits]], np.float32))
+
+
+def lane_sum(v: np.ndarray) -> np.float32:
+    """Lane j sums v[j], v[j+8], ... in order in float32; then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))."""
+    lanes = [np.float32(0)] * 8
+    for i, x in enumerate(v.astype(np.float32)):
+        lanes[i % 8] = np.float32(lanes[i % 8] + x)
+    l = lanes  # noqa: E741
+    return np.float32(np.float32(np.float32(l[0] + l[1]) + np.float32(l[2] + l[3]))
+                      + np.float32(np.float32(l[4] + l[5]) + np.float32(l[6] + l[7])))
+
+
+def quantize_lm(g: np.ndarray, bits: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """One Lloyd-Max group: the candidate scale of least squared error (the first on ties);
+    codes = #{k : x > M[k]*s}; recon = L[code]*s. A zero scale: codes n/2, recon +0."""
+    levels, mids, fracs = lm_codebook(bits)
+    a = np.max(np.abs(g)) if g.size else np.float32(0)
+    best, best_err = None, np.float32(0)
+    for f in fracs:
+        with np.errstate(over="ignore"):
+            h = np.float32(a * f).astype(np.float16)
+        if not np.isfinite(h):
+            raise ScaleOverflow("group scale overflows FP16")
+        s = np.float32(h)
+        q = (g[:, None] > (mids * s)[None, :]).sum(1)
+        d = g - (levels * s)[q]
+        err = lane_sum((d * d).astype(np.float32))
+        if best is None or err < best_err:
+            best, best_err = h, err
+    s = np.float32(best)
+    if s == 0:
+        return np.full(g.size, levels.size // 2, np.int16), int(best.view(np.uint16)), np.zeros(g.size, np.float32)
+    q = (g[:, None] > (mids * s)[None, :]).sum(1)
+    return q.astype(np.int16), int(best.view(np.uint16)), (levels * s)[q]
+
+
 def hadamard_rows(x: np.ndarray, d: int) -> np.ndarray:
     """The float32 Walsh-Hadamard butterfly on rows of d, then times float32(1/sqrt(d))."""
     v = np.array(x, dtype=np.float32).reshape(-1, d)
@@ -199,6 +263,9 @@ def compress_tensor(raw: bytes, dtype: str, shape: list[int], sc: dict) -> tuple
                 if m == "sym":
                     c, s, y = quantize(grp, bits, g)
                     scales.append(int(s[0]))
+                elif m in ("symf", "lm"):
+                    c, s, y = (quantize_full if m == "symf" else quantize_lm)(grp, bits)
+                    scales.append(s)
                 else:
                     c, s, z, y = quantize_asym(grp, bits)
                     scales.append(s)

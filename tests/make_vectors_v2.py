@@ -115,6 +115,35 @@ def _cases() -> list[dict]:
     cases.append(dict(name="per_role_kivi_q8", spec={"key": scheme("asym", 4, 8, "channel"), "value": scheme("q8_0")},
                       tensors=[t("layer_0_key", kv(rng, [1, 2, 12, 32]), [1, 2, 12, 32]),
                                t("layer_0_value", kv(rng, [1, 2, 12, 32], False), [1, 2, 12, 32])]))
+    # full-range symmetric: the signed extreme takes code -2^(b-1); ties at half steps
+    cases += [
+        dict(name="symf3_negative_extreme", spec=scheme("symf", 3, 8),
+             tensors=[t("t", [-4, 1, 2, 3, 0.5, -1.5, 4, 2.5, 3.5, -3.5, 0, 0, 0, 0, 0, 0.25], [16])]),
+        dict(name="symf4_positive_extreme_ties", spec=scheme("symf", 4, 16), tensors=[t("t", ties * np.tile(np.array([1, -1], F32), 8), [16])]),
+        dict(name="symf_bits2_short_last", spec=scheme("symf", 2, 6), tensors=[t("t", rng.standard_normal(23), [23])]),
+        dict(name="symf8", spec=scheme("symf", 8, 16), tensors=[t("t", rng.standard_normal(40) * 4, [40])]),
+        dict(name="symf3_rot_kv", spec=scheme("symf", 3, 64, rotate=True), tensors=[t("t", kv(rng, [1, 2, 9, 64]), [1, 2, 9, 64])]),
+        dict(name="symf4_f16_zero_group", spec=scheme("symf", 4, 8),
+             tensors=[t("t", np.r_[np.zeros(8), rng.standard_normal(8) * 3].astype(np.float16), [16], "F16")]),
+        dict(name="symf_overflow", spec=scheme("symf", 2, 4), tensors=[t("t", [-1e6, 0, 1, 2], [4])], error="overflows FP16"),
+    ]
+    # Lloyd-Max codebooks after rotation, and the scale search
+    tiny = (rng.standard_normal(16) * 1e-9).astype(F32)  # some candidate scales underflow FP16
+    cases += [
+        dict(name="lm2_rot_kv", spec=scheme("lm", 2, 64, rotate=True), tensors=[t("t", kv(rng, [1, 2, 8, 64]), [1, 2, 8, 64])]),
+        dict(name="lm3_rot_kv", spec=scheme("lm", 3, 64, rotate=True), tensors=[t("t", kv(rng, [1, 3, 9, 64]), [1, 3, 9, 64])]),
+        dict(name="lm4_rot_kv", spec=scheme("lm", 4, 64, rotate=True), tensors=[t("t", kv(rng, [2, 1, 7, 64]), [2, 1, 7, 64])]),
+        dict(name="lm3_short_last_g20", spec=scheme("lm", 3, 20), tensors=[t("t", rng.standard_normal(53), [53])]),
+        dict(name="lm3_channel_residual", spec=scheme("lm", 3, 8, "channel", residual=2),
+             tensors=[t("t", kv(rng, [1, 2, 13, 8]), [1, 2, 13, 8])]),
+        dict(name="lm3_zero_and_tiny_groups", spec=scheme("lm", 3, 16),
+             tensors=[t("t", np.r_[np.zeros(16), tiny, np.linspace(-1, 1, 16)], [48])]),
+        dict(name="lm4_f16", spec=scheme("lm", 4, 32, rotate=True),
+             tensors=[t("t", kv(rng, [1, 1, 6, 32]).astype(np.float16), [1, 1, 6, 32], "F16")]),
+        dict(name="lm2_bf16", spec=scheme("lm", 2, 64),
+             tensors=[t("t", decode(encode(rng.standard_normal(130).astype(F32) * 5, "BF16"), "BF16"), [130], "BF16")]),
+        dict(name="lm_overflow", spec=scheme("lm", 3, 4), tensors=[t("t", [-1e6, 0, 1, 2], [4])], error="overflows FP16"),
+    ]
     return cases
 
 

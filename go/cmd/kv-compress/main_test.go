@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"kvlib/pkg/compression"
 	"kvlib/pkg/safetensors"
 )
 
@@ -227,7 +228,7 @@ func TestCheckAndSchemes(t *testing.T) {
 	}
 	code, stdout, _ = runCLI("schemes")
 	var list []map[string]any
-	if code != 0 || json.Unmarshal([]byte(stdout), &list) != nil || len(list) != 11 || list[0]["name"] != "int4" {
+	if code != 0 || json.Unmarshal([]byte(stdout), &list) != nil || len(list) != len(compression.PresetNames()) || list[0]["name"] != "int4" {
 		t.Errorf("schemes printed %s", stdout)
 	}
 }

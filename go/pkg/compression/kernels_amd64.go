@@ -57,3 +57,18 @@ func roundCodes32AVX2(q []uint8, x []float32, id float32)
 
 //go:noescape
 func transposeAVX2(dst, src []float32, r, c int)
+
+//go:noescape
+func lmErr8AVX2(x []float32, t *[15]float32, y *[16]float32, lanes *[8]float32)
+
+//go:noescape
+func lmErr16AVX2(x []float32, t *[15]float32, y *[16]float32, lanes *[8]float32)
+
+//go:noescape
+func lmCodes8AVX2(codes []int8, x []float32, t *[15]float32)
+
+//go:noescape
+func lmCodes16AVX2(codes []int8, x []float32, t *[15]float32)
+
+//go:noescape
+func lmDequantAVX2(dst []float32, codes []int8, y *[16]float32)

@@ -207,6 +207,25 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"lloydMax": func(x []float32, r *rand.Rand) string {
+			var s string
+			for bits := MinLMBits; bits <= MaxLMBits; bits++ {
+				c := make([]int8, len(x))
+				h, err := QuantizeGroupLM(x, bits, c)
+				s += fmt.Sprint(h, err, c)
+				for _, sc := range scales {
+					var tb lmTables
+					lmBooks[bits].tables(sc, &tb)
+					if firstNonFinite(x) < 0 { // the quantizer refuses NaN and Inf before any sum
+						s += fmt.Sprint(math.Float32bits(tb.sqErr(x, 1<<bits)))
+					}
+					y := make([]float32, len(x))
+					DequantizeGroupLM(y, codesFor(r, len(x), bits), bits, safetensors.Float32ToFP16(sc))
+					s += bitsOf(y)
+				}
+			}
+			return s
+		},
 		"RotateRows": func(x []float32, r *rand.Rand) string {
 			var s string
 			for _, d := range []int{1, 2, 4, 8, 16, 64, 128} {

@@ -337,6 +337,10 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 		switch {
 		case m == Sym:
 			j.scales[gi], err = QuantizeGroup(xp[gs:ge], l.s.Bits, q[gs:ge])
+		case m == SymF:
+			j.scales[gi], err = QuantizeGroupFull(xp[gs:ge], l.s.Bits, q[gs:ge])
+		case m == LM:
+			j.scales[gi], err = QuantizeGroupLM(xp[gs:ge], l.s.Bits, q[gs:ge])
 		case m == Asym:
 			j.scales[gi], j.zeros[gi], err = QuantizeGroupAsym(xp[gs:ge], l.s.Bits, q[gs:ge])
 		default:
@@ -403,11 +407,15 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	}
 	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
 		switch {
-		case m == Sym:
+		case m == Sym || m == SymF || m == LM:
 			if j.scales[gi]&0x7c00 == 0x7c00 {
 				return fmt.Errorf("tensor %q: group %d: scale is not finite", j.name, gi)
 			}
-			DequantizeGroup(yp[gs:ge], q[gs:ge], j.scales[gi])
+			if m == LM {
+				DequantizeGroupLM(yp[gs:ge], q[gs:ge], l.s.Bits, j.scales[gi])
+			} else {
+				DequantizeGroup(yp[gs:ge], q[gs:ge], j.scales[gi])
+			}
 		case m == Asym:
 			if j.scales[gi]&0x7c00 == 0x7c00 || j.zeros[gi]&0x7c00 == 0x7c00 {
 				return fmt.Errorf("tensor %q: group %d: scale or zero point is not finite", j.name, gi)

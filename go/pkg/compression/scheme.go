@@ -17,7 +17,9 @@ type Method string
 // ggml block types (blocks of 32 along the row-major tensor).
 const (
 	Sym  Method = "sym"
+	SymF Method = "symf" // full-range symmetric (symfull.go)
 	Asym Method = "asym"
+	LM   Method = "lm" // Lloyd–Max levels of a unit Gaussian (lloydmax.go)
 	Q4_0 Method = "q4_0"
 	Q4_1 Method = "q4_1"
 	Q5_0 Method = "q5_0"
@@ -65,9 +67,13 @@ type Scheme struct {
 // Validate checks every field; the error names the field.
 func (s Scheme) Validate() error {
 	switch {
-	case s.Method == Sym || s.Method == Asym:
-		if s.Bits < MinBits || s.Bits > MaxBits {
-			return fmt.Errorf("bits %d out of range [%d, %d]", s.Bits, MinBits, MaxBits)
+	case s.Method == Sym || s.Method == SymF || s.Method == Asym || s.Method == LM:
+		lo, hi := MinBits, MaxBits
+		if s.Method == LM {
+			lo, hi = MinLMBits, MaxLMBits
+		}
+		if s.Bits < lo || s.Bits > hi {
+			return fmt.Errorf("bits %d out of range [%d, %d] for %s", s.Bits, lo, hi, s.Method)
 		}
 		if s.Group <= 0 || s.Group%2 != 0 || s.Group > MaxGroupSize {
 			return fmt.Errorf("group size %d must be a positive even number at most %d", s.Group, MaxGroupSize)
@@ -78,7 +84,7 @@ func (s Scheme) Validate() error {
 				s.Method, t.bits, GGMLBlock, s.Bits, s.Group, s.Axis)
 		}
 	default:
-		return fmt.Errorf("unknown method %q (want sym, asym, q4_0, q4_1, q5_0, q5_1 or q8_0)", s.Method)
+		return fmt.Errorf("unknown method %q (want sym, symf, asym, lm, q4_0, q4_1, q5_0, q5_1 or q8_0)", s.Method)
 	}
 	if s.Axis != Token && s.Axis != Channel {
 		return fmt.Errorf("unknown axis %q (want token or channel)", s.Axis)
@@ -195,6 +201,12 @@ func symScheme(m Method, bits, group int, axis Axis) Scheme {
 
 func both(s Scheme) Spec { return Spec{Key: s, Value: s} }
 
+// rotated is s after the Walsh-Hadamard rotation, for both roles.
+func rotated(s Scheme) Spec {
+	s.Rotate = true
+	return both(s)
+}
+
 func ggmlScheme(m Method) Scheme {
 	t, _ := ggmlInfo(m)
 	return Scheme{Method: m, Bits: t.bits, Group: GGMLBlock, Axis: Token}
@@ -207,11 +219,11 @@ var presets = map[string]Spec{
 	"asym4": both(symScheme(Asym, 4, 64, Token)),
 	"kivi4": {Key: symScheme(Asym, 4, 64, Channel), Value: symScheme(Asym, 4, 64, Token)},
 	"kivi2": {Key: symScheme(Asym, 2, 32, Channel), Value: symScheme(Asym, 2, 32, Token)},
-	"rot4": func() Spec {
-		s := symScheme(Sym, 4, 64, Token)
-		s.Rotate = true
-		return both(s)
-	}(),
+	"rot4":  rotated(symScheme(Sym, 4, 64, Token)),
+	"rot3":   rotated(symScheme(SymF, 3, 64, Token)),
+	"lm2rot": rotated(symScheme(LM, 2, 64, Token)),
+	"lm3rot": rotated(symScheme(LM, 3, 64, Token)),
+	"lm4rot": rotated(symScheme(LM, 4, 64, Token)),
 	"q4_0": both(ggmlScheme(Q4_0)),
 	"q4_1": both(ggmlScheme(Q4_1)),
 	"q5_0": both(ggmlScheme(Q5_0)),
@@ -224,7 +236,7 @@ const DefaultPreset = "int4"
 
 // PresetNames lists the presets in the README's order.
 func PresetNames() []string {
-	return []string{"int4", "int8", "asym4", "kivi4", "kivi2", "rot4", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
+	return []string{"int4", "int8", "asym4", "kivi4", "kivi2", "rot4", "rot3", "lm2rot", "lm3rot", "lm4rot", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
 }
 
 // Preset returns the named preset.
@@ -240,7 +252,7 @@ func DefaultSpec() Spec { return presets[DefaultPreset] }
 //
 //	spec   = ( scheme | "k=" scheme "," "v=" scheme ) [ "+lossless" ]
 //	scheme = preset | base { "/" option }
-//	base   = ("sym" | "asym") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
+//	base   = ("sym" | "symf" | "asym" | "lm") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
 //	option = "g" N | "token" | "channel" | "rot" | "out" P | "res" N | "sp" P
 //
 // (a preset inside k= or v= gives that role's scheme, and may take options),
@@ -315,7 +327,7 @@ func parseRoles(text string) (Spec, error) {
 	return s, nil
 }
 
-var baseRE = regexp.MustCompile(`^(sym|asym)([0-9]+)$`)
+var baseRE = regexp.MustCompile(`^(sym|symf|asym|lm)([0-9]+)$`)
 
 func parseScheme(text string, r role) (Scheme, error) {
 	parts := strings.Split(text, "/")
@@ -337,7 +349,7 @@ func parseScheme(text string, r role) (Scheme, error) {
 	} else if Method(base).IsGGML() {
 		s = ggmlScheme(Method(base))
 	} else {
-		return Scheme{}, fmt.Errorf("unknown scheme %q (presets: %s; or sym<bits>, asym<bits>, q4_0 ...)", base, strings.Join(PresetNames(), ", "))
+		return Scheme{}, fmt.Errorf("unknown scheme %q (presets: %s; or sym<bits>, symf<bits>, asym<bits>, lm<bits>, q4_0 ...)", base, strings.Join(PresetNames(), ", "))
 	}
 	for _, opt := range parts[1:] {
 		if err := s.setOption(opt); err != nil {
