@@ -28,8 +28,8 @@ func offsetCodes32AVX2([]uint8, []float32, float32, float32, float32, float32) {
 func roundCodes32AVX2([]uint8, []float32, float32)                             { noSIMD() }
 func transposeAVX2([]float32, []float32, int, int)                             { noSIMD() }
 func clampAbsAVX2([]float32, float32)                                          { noSIMD() }
-func lmErr8AVX2([]float32, *[15]float32, *[16]float32, *[8]float32)  { noSIMD() }
-func lmErr16AVX2([]float32, *[15]float32, *[16]float32, *[8]float32) { noSIMD() }
-func lmCodes8AVX2([]int8, []float32, *[15]float32)                   { noSIMD() }
-func lmCodes16AVX2([]int8, []float32, *[15]float32)                  { noSIMD() }
-func lmDequantAVX2([]float32, []int8, *[16]float32)                  { noSIMD() }
+func lmErr8AVX2([]float32, *[15]float32, *[16]float32, *[8]float32)            { noSIMD() }
+func lmErr16AVX2([]float32, *[15]float32, *[16]float32, *[8]float32)           { noSIMD() }
+func lmCodes8AVX2([]int8, []float32, *[15]float32)                             { noSIMD() }
+func lmCodes16AVX2([]int8, []float32, *[15]float32)                            { noSIMD() }
+func lmDequantAVX2([]float32, []int8, *[16]float32)                            { noSIMD() }

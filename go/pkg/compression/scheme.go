@@ -214,21 +214,21 @@ func ggmlScheme(m Method) Scheme {
 
 // presets are the schemes engineers deploy, by the names the README gives.
 var presets = map[string]Spec{
-	"int4":  both(symScheme(Sym, 4, 64, Token)),
-	"int8":  both(symScheme(Sym, 8, 64, Token)),
-	"asym4": both(symScheme(Asym, 4, 64, Token)),
-	"kivi4": {Key: symScheme(Asym, 4, 64, Channel), Value: symScheme(Asym, 4, 64, Token)},
-	"kivi2": {Key: symScheme(Asym, 2, 32, Channel), Value: symScheme(Asym, 2, 32, Token)},
-	"rot4":  rotated(symScheme(Sym, 4, 64, Token)),
+	"int4":   both(symScheme(Sym, 4, 64, Token)),
+	"int8":   both(symScheme(Sym, 8, 64, Token)),
+	"asym4":  both(symScheme(Asym, 4, 64, Token)),
+	"kivi4":  {Key: symScheme(Asym, 4, 64, Channel), Value: symScheme(Asym, 4, 64, Token)},
+	"kivi2":  {Key: symScheme(Asym, 2, 32, Channel), Value: symScheme(Asym, 2, 32, Token)},
+	"rot4":   rotated(symScheme(Sym, 4, 64, Token)),
 	"rot3":   rotated(symScheme(SymF, 3, 64, Token)),
 	"lm2rot": rotated(symScheme(LM, 2, 64, Token)),
 	"lm3rot": rotated(symScheme(LM, 3, 64, Token)),
 	"lm4rot": rotated(symScheme(LM, 4, 64, Token)),
-	"q4_0": both(ggmlScheme(Q4_0)),
-	"q4_1": both(ggmlScheme(Q4_1)),
-	"q5_0": both(ggmlScheme(Q5_0)),
-	"q5_1": both(ggmlScheme(Q5_1)),
-	"q8_0": both(ggmlScheme(Q8_0)),
+	"q4_0":   both(ggmlScheme(Q4_0)),
+	"q4_1":   both(ggmlScheme(Q4_1)),
+	"q5_0":   both(ggmlScheme(Q5_0)),
+	"q5_1":   both(ggmlScheme(Q5_1)),
+	"q8_0":   both(ggmlScheme(Q8_0)),
 }
 
 // DefaultPreset is the scheme used when none is given.
