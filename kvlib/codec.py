@@ -23,7 +23,7 @@ CLI_TIMEOUT_S = 60
 class Scheme:
     """How one tensor role is quantized (the Go ``Scheme``; see the README's table)."""
 
-    method: str = "sym"  # sym, asym, q4_0, q4_1, q5_0, q5_1, q8_0
+    method: str = "sym"  # sym, symf (full range), asym, lm (Lloyd-Max), q4_0, q4_1, q5_0, q5_1, q8_0
     bits: int = 4
     group: int = 64
     axis: str = "token"  # token or channel
@@ -57,18 +57,37 @@ def _num(v: float) -> str:
 
 
 @dataclass(frozen=True)
+class LayerScheme:
+    """One slot's override: the scheme of a role ("key" or "value") in one layer."""
+
+    layer: int
+    role: str
+    scheme: Scheme
+
+
+@dataclass(frozen=True)
 class CodecConfig:
-    """A scheme per role: keys (``layer_{i}_key``) and values (every other tensor)."""
+    """A scheme per role: keys (``layer_{i}_key``) and values (every other tensor), and per-layer
+    overrides (canonical: keys before values, by layer, none equal to its role's default)."""
 
     key: Scheme = field(default_factory=Scheme)
     value: Scheme = field(default_factory=Scheme)
     lossless: bool = False  # the entropy stage after the quantizer: smaller files, same reconstruction
+    layers: tuple[LayerScheme, ...] = ()
 
     @property
     def spec(self) -> str:
         """The canonical spec: ``resolve_codec(c.spec) == c``."""
         s = self.key.spec if self.key == self.value else f"k={self.key.spec},v={self.value.spec}"
+        s += _layers_spec(self.layers)
         return s + LOSSLESS_SUFFIX if self.lossless else s
+
+    def scheme_for(self, layer: int, role: str) -> Scheme:
+        """The scheme of ``layer_{layer}_{role}``: its override, else the role's default."""
+        for o in self.layers:
+            if o.layer == layer and o.role == role:
+                return o.scheme
+        return self.key if role == "key" else self.value
 
     @property
     def name(self) -> str:
@@ -84,12 +103,29 @@ class CodecConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "name": self.name, "key": asdict(self.key), "value": asdict(self.value),
-                "lossless": self.lossless}
+                "lossless": self.lossless, "layers": [asdict(o) for o in self.layers]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "CodecConfig":
-        """From the CLI's ``check`` output (key_scheme / value_scheme objects)."""
-        return cls(key=Scheme(**d["key_scheme"]), value=Scheme(**d["value_scheme"]), lossless=bool(d.get("lossless")))
+        """From the CLI's ``check`` output (key_scheme / value_scheme objects, layers)."""
+        layers = tuple(LayerScheme(o["layer"], o["role"], Scheme(**o["scheme"])) for o in d.get("layers") or ())
+        return cls(key=Scheme(**d["key_scheme"]), value=Scheme(**d["value_scheme"]), lossless=bool(d.get("lossless")),
+                   layers=layers)
+
+
+def _layers_spec(layers: tuple[LayerScheme, ...]) -> str:
+    """The overrides' part of the canonical spec (Go's Spec.layersString): runs of consecutive
+    layers of one role and scheme as "k3-5=SCHEME"."""
+    out, i = "", 0
+    while i < len(layers):
+        o, j = layers[i], i + 1
+        while (j < len(layers) and layers[j].role == o.role and layers[j].layer == layers[j - 1].layer + 1
+               and layers[j].scheme == o.scheme):
+            j += 1
+        span = f"{o.layer}" if j - i == 1 else f"{o.layer}-{layers[j - 1].layer}"
+        out += f",{o.role[0]}{span}={o.scheme.spec}"
+        i = j
+    return out
 
 
 class SchemeError(ValueError):

@@ -144,6 +144,11 @@ def _cases() -> list[dict]:
              tensors=[t("t", decode(encode(rng.standard_normal(130).astype(F32) * 5, "BF16"), "BF16"), [130], "BF16")]),
         dict(name="lm_overflow", spec=scheme("lm", 3, 4), tensors=[t("t", [-1e6, 0, 1, 2], [4])], error="overflows FP16"),
     ]
+    # per layer: defaults with overrides (keys of layer 0, values of layer 1)
+    layered = [t(f"layer_{i}_{r}", kv(rng, [1, 2, 5, 32], r == "key"), [1, 2, 5, 32]) for i in range(2) for r in ("key", "value")]
+    cases.append(dict(name="per_layer_overrides", text="lm3/g64/rot,k0=symf4/g32,v1=q8_0",
+                      spec={"key": scheme("lm", 3, 64, rotate=True), "value": scheme("lm", 3, 64, rotate=True)},
+                      layers={"layer_0_key": scheme("symf", 4, 32), "layer_1_value": scheme("q8_0")}, tensors=layered))
     return cases
 
 
@@ -152,11 +157,13 @@ def build() -> dict:
     for c in _cases():
         spec = c["spec"] if "key" in c["spec"] else {"key": c["spec"], "value": c["spec"]}
         text = spec_of(spec["key"]) if spec["key"] == spec["value"] else f"k={spec_of(spec['key'])},v={spec_of(spec['value'])}"
+        text = c.get("text", text)
         entry = dict(name=c["name"], spec=text, tensors=[])
         try:
             for tn in c["tensors"]:
                 raw = encode(tn["x"], tn["dtype"])
                 sc = spec["key"] if tn["name"].endswith("_key") else spec["value"]
+                sc = c.get("layers", {}).get(tn["name"], sc)
                 parts, restored, n_out = compress_tensor(raw, tn["dtype"], tn["shape"], sc)
                 entry["tensors"].append(dict(name=tn["name"], dtype=tn["dtype"], shape=tn["shape"], input_hex=raw.hex(),
                                              outliers=n_out, parts={k: v.hex() for k, v in parts.items()},

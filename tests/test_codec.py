@@ -4,6 +4,7 @@ with every rule (presets, grammar, bounds) taken from kv-compress itself."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import subprocess
 
 import pytest
@@ -27,6 +28,8 @@ def test_presets_are_the_issue_table(cli):
     "k=asym4/g64/channel,v=asym4/g64", "asym3/g16/rot/out0.01/res128/sp0.25", "k=kivi2,v=q8_0",
     "sym8/g32/channel/res7", "k=int4/out1e-05,v=rot4", "int4+lossless", "k=asym4/g64/channel,v=q8_0+lossless", '{"key": {"method": "q4_0", "bits": 4, "group": 32, "axis": "token"},'
     ' "value": {"method": "asym", "bits": 2, "group": 8, "axis": "channel"}}',
+    "symf3/g32/rot", "lm4/g128", "lm3rot,k0-1=q8_0,v0=lm4rot", "kivi2,kv3-5=int8,k4=q8_0+lossless",
+    "k=lm3rot,v=lm2rot,v0-29=lm3rot",
 ])
 def test_spec_round_trips_through_the_cli(spec, cli):
     c = resolve_codec(spec)
@@ -47,10 +50,19 @@ def test_legacy_flags_override_both_roles():
     ("int5", "unknown scheme"), ("sym9", "bits 9"), ("sym4/g63", "group size 63"), ("asym4/channel/rot", "rotation"),
     ("sym4/out1.5", "outlier fraction 1.5"), ("k=int4", "both k= and v="), ("q4_0/g64", "q4_0 is 4-bit blocks"),
     ("sym4/gNaN", "option"), ("sym4/g1152921504606846976", "option"),
+    ("lm5", "bits 5"), ("int4,k3=lm9", "layer 3 key scheme"), ("int4,k3-1=int8", "out of order"),
 ])
 def test_bad_specs_fail_with_the_clis_line(spec, words):
     with pytest.raises(SchemeError, match=words):
         resolve_codec(spec)
+
+
+def test_layer_overrides_resolve_per_slot():
+    c = resolve_codec("lm3rot,k0-1=q8_0,v0=lm4rot")
+    assert c.scheme_for(0, "key").method == "q8_0" == c.scheme_for(1, "key").method
+    assert c.scheme_for(2, "key") == c.key and c.scheme_for(0, "value").bits == 4
+    assert c != resolve_codec("lm3rot") and c.to_dict()["layers"][0] == {"layer": 0, "role": "key",
+                                                                       "scheme": asdict(c.scheme_for(0, "key"))}
 
 
 def test_lossless_stage_is_part_of_the_value():

@@ -160,9 +160,10 @@ func (sf *schemeFlags) spec(set map[string]bool) (compression.Spec, error) {
 	if err != nil {
 		return s, err
 	}
-	for _, sc := range []*compression.Scheme{&s.Key, &s.Value} {
+	var err2 error
+	s.Schemes(func(sc *compression.Scheme) {
 		if (set["bits"] || set["group-size"]) && sc.Method.IsGGML() {
-			return s, fmt.Errorf("-bits and -group-size do not apply to %s", sc.Method)
+			err2 = fmt.Errorf("-bits and -group-size do not apply to %s", sc.Method)
 		}
 		if set["bits"] {
 			sc.Bits = sf.bits
@@ -173,9 +174,12 @@ func (sf *schemeFlags) spec(set map[string]bool) (compression.Spec, error) {
 		if set["sparsity"] {
 			sc.Sparsity = sf.sparsity
 		}
+	})
+	if err2 != nil {
+		return s, err2
 	}
 	s.Lossless = s.Lossless || sf.lossless
-	return s, s.Validate()
+	return s.Canonical(), s.Validate()
 }
 
 func parseFlags(cmd string, args []string, stderr io.Writer, needInput, needOutput, quantizes bool) (*config, error) {

@@ -63,6 +63,13 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 	if IsCompressed(src) {
 		return nil, fmt.Errorf("already kvq-compressed (metadata %q); use decompress", metaFormat)
 	}
+	names := make([]string, len(src.Tensors))
+	for i := range src.Tensors {
+		names[i] = src.Tensors[i].Name
+	}
+	if err := cfg.Spec.checkSlots(names); err != nil {
+		return nil, err
+	}
 	workers := cfg.workers()
 	jobs := make([]*tensorJob, len(src.Tensors))
 	var tasks []task
@@ -109,10 +116,9 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		restored = &safetensors.File{Metadata: src.Metadata}
 	}
 	rep := newReport(cfg)
-	names := make([]string, len(jobs))
 	stored := make([][]safetensors.Tensor, len(jobs))
 	for i, j := range jobs {
-		names[i], stored[i] = j.name, j.stored()
+		stored[i] = j.stored()
 	}
 	final, coded := stored, make([][]string, len(jobs))
 	if cfg.Spec.Lossless {

@@ -247,8 +247,9 @@ type SchemeInfo struct {
 	Command     string  `json:"command,omitempty"`
 	Name        string  `json:"name"`
 	Scheme      string  `json:"scheme"`
-	KeyScheme   Scheme  `json:"key_scheme"`
-	ValueScheme Scheme  `json:"value_scheme"`
+	KeyScheme   Scheme     `json:"key_scheme"`
+	ValueScheme Scheme     `json:"value_scheme"`
+	Layers      []Override `json:"layers"` // the per-layer overrides, canonical
 	Lossless    bool    `json:"lossless"`
 	KeyBits     float64 `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
 	ValueBits   float64 `json:"value_bits_per_element"` // (measured sizes come from compress)
@@ -269,7 +270,11 @@ func (s Scheme) NominalBits() float64 {
 
 // SchemeReport is what check prints for a spec.
 func SchemeReport(cmd string, s Spec) SchemeInfo {
-	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value, Lossless: s.Lossless,
+	layers := s.Layers
+	if layers == nil {
+		layers = []Override{}
+	}
+	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value, Layers: layers, Lossless: s.Lossless,
 		KeyBits: s.Key.NominalBits(), ValueBits: s.Value.NominalBits()}
 }
 

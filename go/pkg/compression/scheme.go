@@ -134,10 +134,11 @@ func (s Scheme) String() string {
 }
 
 // Spec is a scheme for each role: keys (tensors named layer_{i}_key) and
-// values (every other tensor).
+// values (every other tensor), and per-layer overrides of them (layers.go).
 type Spec struct {
-	Key   Scheme `json:"key"`
-	Value Scheme `json:"value"`
+	Key    Scheme     `json:"key"`
+	Value  Scheme     `json:"value"`
+	Layers []Override `json:"layers,omitempty"` // canonical: keys then values, by layer, none equal to its default
 	// Lossless adds the entropy stage after the quantizer (lossless.go):
 	// smaller files, the same reconstruction.
 	Lossless bool `json:"lossless,omitempty"`
@@ -146,17 +147,21 @@ type Spec struct {
 // LosslessSuffix switches the lossless stage on in a spec string.
 const LosslessSuffix = "+lossless"
 
-// For returns the scheme of the tensor called name.
+// For returns the scheme of the tensor called name: its layer's override,
+// else its role's default.
 func (s Spec) For(name string) Scheme {
-	if keyName.MatchString(name) {
-		return s.Key
+	layer, r, ok := slotOf(name)
+	if !ok {
+		return s.Value
 	}
-	return s.Value
+	if sc, ok := s.override(layer, r); ok {
+		return sc
+	}
+	return s.defaultFor(r)
 }
 
-var keyName = regexp.MustCompile(`^layer_[0-9]+_key$`)
-
-// Validate checks both roles; the error names the role.
+// Validate checks both roles and every override; the error names the role
+// or the slot.
 func (s Spec) Validate() error {
 	if err := s.Key.Validate(); err != nil {
 		return fmt.Errorf("key scheme: %w", err)
@@ -164,16 +169,18 @@ func (s Spec) Validate() error {
 	if err := s.Value.Validate(); err != nil {
 		return fmt.Errorf("value scheme: %w", err)
 	}
-	return nil
+	return s.validateLayers()
 }
 
 // String is the canonical spec: one scheme when both roles share it,
-// else "k=SCHEME,v=SCHEME". ParseSpec(s.String()) == s.
+// else "k=SCHEME,v=SCHEME", then the overrides. ParseSpec(s.String())
+// equals s.
 func (s Spec) String() string {
 	out := "k=" + s.Key.String() + ",v=" + s.Value.String()
 	if s.Key == s.Value {
 		out = s.Key.String()
 	}
+	out += s.layersString()
 	if s.Lossless {
 		out += LosslessSuffix
 	}
@@ -185,7 +192,7 @@ func (s Spec) Name() string {
 	plain := s
 	plain.Lossless = false
 	for _, name := range PresetNames() {
-		if presets[name] == plain {
+		if presets[name].Equal(plain) {
 			if s.Lossless {
 				return name + LosslessSuffix
 			}
@@ -250,14 +257,16 @@ func DefaultSpec() Spec { return presets[DefaultPreset] }
 
 // ParseSpec reads a preset name, a spec in the grammar
 //
-//	spec   = ( scheme | "k=" scheme "," "v=" scheme ) [ "+lossless" ]
+//	spec   = ( scheme | "k=" scheme "," "v=" scheme ) { "," layers "=" scheme } [ "+lossless" ]
+//	layers = ( "k" | "v" | "kv" ) N [ "-" M ]
 //	scheme = preset | base { "/" option }
 //	base   = ("sym" | "symf" | "asym" | "lm") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
 //	option = "g" N | "token" | "channel" | "rot" | "out" P | "res" N | "sp" P
 //
 // (a preset inside k= or v= gives that role's scheme, and may take options),
-// or the JSON form {"key": {...}, "value": {...}} that Spec marshals to.
-// The result is validated.
+// or the JSON form {"key": {...}, "value": {...}, "layers": [...]} that
+// Spec marshals to. The overrides (layers.go) replace a role's scheme in
+// layers N to M; a later one wins. The result is validated and canonical.
 func ParseSpec(text string) (Spec, error) {
 	text = strings.TrimSpace(text)
 	orig := text
@@ -286,6 +295,7 @@ func ParseSpec(text string) (Spec, error) {
 	if err := s.Validate(); err != nil {
 		return Spec{}, fmt.Errorf("scheme %q: %w", orig, err)
 	}
+	s.normalize()
 	s.Lossless = s.Lossless || lossless
 	return s, nil
 }
@@ -298,27 +308,52 @@ const (
 	roleValue
 )
 
+// parseRoles reads the defaults, as one scheme (a preset may differ by
+// role) or k= and v=, then any overrides.
 func parseRoles(text string) (Spec, error) {
 	var s Spec
 	seen := map[string]bool{}
-	for _, part := range strings.Split(text, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok || (k != "k" && k != "v") || seen[k] {
-			return Spec{}, fmt.Errorf("part %q: want k=SCHEME and v=SCHEME, once each", part)
-		}
-		seen[k] = true
-		r := roleKey
-		if k == "v" {
-			r = roleValue
-		}
-		sc, err := parseScheme(strings.TrimSpace(v), r)
-		if err != nil {
-			return Spec{}, err
-		}
-		if r == roleKey {
-			s.Key = sc
-		} else {
-			s.Value = sc
+	for i, part := range strings.Split(text, ",") {
+		part = strings.TrimSpace(part)
+		k, v, ok := strings.Cut(part, "=")
+		switch {
+		case !ok && i == 0:
+			if p, isPreset := presets[part]; isPreset {
+				s.Key, s.Value = p.Key, p.Value
+			} else {
+				sc, err := parseScheme(part, roleBoth)
+				if err != nil {
+					return Spec{}, err
+				}
+				s.Key, s.Value = sc, sc
+			}
+			seen["k"], seen["v"] = true, true
+		case ok && (k == "k" || k == "v") && !seen[k] && !seen["layers"]:
+			seen[k] = true
+			r := roleKey
+			if k == "v" {
+				r = roleValue
+			}
+			sc, err := parseScheme(strings.TrimSpace(v), r)
+			if err != nil {
+				return Spec{}, err
+			}
+			if r == roleKey {
+				s.Key = sc
+			} else {
+				s.Value = sc
+			}
+		case ok && k != "k" && k != "v" && seen["k"] && seen["v"]:
+			seen["layers"] = true
+			o, err := parseOverride(strings.TrimSpace(k), strings.TrimSpace(v))
+			if err != nil {
+				return Spec{}, err
+			}
+			s.Layers = append(s.Layers, o...)
+		case ok && (k == "k" || k == "v" || overrideRE.MatchString(k)):
+			return Spec{}, fmt.Errorf("part %q: the defaults (k= and v=, once each, or one scheme) come before the layers", part)
+		default:
+			return Spec{}, fmt.Errorf("part %q: %s", part, partsWanted)
 		}
 	}
 	if !seen["k"] || !seen["v"] {

@@ -166,11 +166,11 @@ func TestParseSpecRoundTripsAndRejects(t *testing.T) {
 	for _, name := range PresetNames() {
 		s, _ := Preset(name)
 		back, err := ParseSpec(s.String())
-		if err != nil || back != s || s.Name() != name {
+		if err != nil || !back.Equal(s) || s.Name() != name {
 			t.Errorf("%s: %q parses to %+v (%v), name %q", name, s, back, err, s.Name())
 		}
 		js, _ := json.Marshal(s)
-		if back, err := ParseSpec(string(js)); err != nil || back != s {
+		if back, err := ParseSpec(string(js)); err != nil || !back.Equal(s) {
 			t.Errorf("%s: JSON %s parses to %+v (%v)", name, js, back, err)
 		}
 	}
@@ -197,11 +197,65 @@ func TestParseSpecRoundTripsAndRejects(t *testing.T) {
 		{"sym4/foo", "unknown option"},
 		{`{"key": {"method": "sym"}}`, "bits 0"},
 		{`{"key": {}, "value": {}, "extra": 1}`, "unknown field"},
+		{"int4,k3=sym9", "layer 3 key scheme: bits 9"},
+		{"int4,k5-3=int8", "out of order"},
+		{"int4,x3=int8", "want k=SCHEME"},
+		{"int4,k3=int8,v=int4", "come before the layers"},
+		{"k=int4,k0=int8,v=int4", "come before the layers"},
+		{"int4,k3", "unknown scheme"},
+		{"int4,k99999999=int8", "out of order or beyond"},
+		{`{"key": {"method": "sym", "bits": 4, "group": 64, "axis": "token"}, "value": {"method": "sym", "bits": 4, "group": 64, "axis": "token"}, "layers": [{"layer": 1, "role": "keys", "scheme": {}}]}`, "unknown role"},
+		{"lm5", "bits 5 out of range [2, 4] for lm"},
 	}
 	for _, tc := range bad {
 		if _, err := ParseSpec(tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%q) = %v, want an error containing %q", tc.spec, err, tc.want)
 		}
+	}
+}
+
+// Overrides parse in every spelling, canonicalise (keys before values, by
+// layer, runs as ranges, defaults dropped, the last setting wins) and round
+// trip through the string and JSON forms.
+func TestLayerOverrides(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"lm3rot,k0-1=q8_0,v0=lm4rot", "lm3/g64/rot,k0-1=q8_0,v0=lm4/g64/rot"},
+		{"lm3rot,v0=lm4rot,k1=q8_0,k0=q8_0", "lm3/g64/rot,k0-1=q8_0,v0=lm4/g64/rot"},
+		{"int4,kv2-4=int8", "sym4/g64,k2-4=sym8/g64,v2-4=sym8/g64"},
+		{"int4,k2-4=int8,k3=int4", "sym4/g64,k2=sym8/g64,k4=sym8/g64"},
+		{"int4,k0=int4", "sym4/g64"},
+		{"kivi2,k0=q8_0", "k=asym2/g32/channel,v=asym2/g32,k0=q8_0"},
+		{"k=int4,v=q8_0,v7=int4+lossless", "k=sym4/g64,v=q8_0,v7=sym4/g64+lossless"},
+		{"int4, k1 = kivi4", "sym4/g64,k1=asym4/g64/channel"},
+	}
+	for _, tc := range cases {
+		s, err := ParseSpec(tc.in)
+		if err != nil || s.String() != tc.want {
+			t.Errorf("ParseSpec(%q) = %q, %v; want %q", tc.in, s, err, tc.want)
+			continue
+		}
+		back, err := ParseSpec(s.String())
+		js, _ := json.Marshal(s)
+		fromJSON, err2 := ParseSpec(string(js))
+		if err != nil || err2 != nil || !back.Equal(s) || !fromJSON.Equal(s) {
+			t.Errorf("%q does not round trip: %v %v %s", tc.in, err, err2, js)
+		}
+	}
+	s, _ := ParseSpec("lm3rot,k0-1=q8_0,v0=lm4rot")
+	for name, want := range map[string]string{"layer_0_key": "q8_0", "layer_1_key": "q8_0", "layer_2_key": "lm3/g64/rot",
+		"layer_0_value": "lm4/g64/rot", "layer_1_value": "lm3/g64/rot", "other": "lm3/g64/rot", "layer_0_keys": "lm3/g64/rot"} {
+		if got := s.For(name).String(); got != want {
+			t.Errorf("For(%q) = %s, want %s", name, got, want)
+		}
+	}
+}
+
+// An override for a layer the cache does not have is an error, not a no-op.
+func TestOverrideOfAMissingLayer(t *testing.T) {
+	s, _ := ParseSpec("int4,k3=int8")
+	_, err := Compress(randomCache(1, 2, 1, 4, 64), Config{Spec: s, Thresholds: DefaultThresholds})
+	if err == nil || !strings.Contains(err.Error(), "layer 3 key") {
+		t.Errorf("got %v, want an error naming layer 3 key", err)
 	}
 }
 
@@ -215,4 +269,13 @@ func ExampleParseSpec() {
 	// k=asym4/g64/channel,v=asym4/g64
 	// 4.5 4.5
 	// sym4/g64/out0.01 q8_0
+}
+
+func ExampleSpec_For() {
+	s, _ := ParseSpec("lm3rot,k0=q8_0")
+	fmt.Println(s)
+	fmt.Println(s.For("layer_0_key"), s.For("layer_1_key"), s.For("layer_0_value"))
+	// Output:
+	// lm3/g64/rot,k0=q8_0
+	// q8_0 lm3/g64/rot lm3/g64/rot
 }
