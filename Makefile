@@ -28,6 +28,9 @@ DTYPE       ?= auto
 SCHEMES     ?= all
 PEERS       ?= True
 SWEEP_WINDOWS ?= 6
+# make sweep's mixed schemes: bits per element (empty: none) and calibration settings (kvlib.sensitivity).
+BUDGET      ?= 3.25,4.25
+CALIBRATION ?=
 # make zoo: the same schemes on several models (zoo names, .gguf files, HF directories or ids).
 ZOO_MODELS  ?= smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b
 ZOO_SCHEMES ?= int4,kivi4,rot4,q4_0,q8_0
@@ -92,7 +95,8 @@ test-notebooks: setup
 	$(PAPERMILL) --prepare-only notebooks/quick_test.ipynb $(BUILD)/nbtest/quick_test.ipynb \
 	  -k kvlib -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/sweep.ipynb $(BUILD)/nbtest/sweep.ipynb -k kvlib -r schemes "int4,kivi4" \
-	  -p max_windows 2 -p context_length 512 -p stride 256 $(TINY_CHECKS) -p output_dir $(CURDIR)/$(BUILD)/nbtest
+	  -p max_windows 2 -p context_length 512 -p stride 256 $(TINY_CHECKS) -r budget "3.25" \
+	  -r calibration "windows=1;targets=8;candidates=lm2rot,lm4rot" -p output_dir $(CURDIR)/$(BUILD)/nbtest
 	$(PAPERMILL) --prepare-only notebooks/zoo.ipynb $(BUILD)/nbtest/zoo.ipynb -k kvlib -r models "smollm2-135m" \
 	  -r schemes "int4,q8_0" -p peers False -p max_windows 2 -p context_length 512 -p stride 256 \
 	  -p output_dir $(CURDIR)/$(BUILD)/nbtest
@@ -118,7 +122,8 @@ sweep: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/sweep.ipynb $(BUILD)/executed/sweep.ipynb -k kvlib \
 	  -p model $(MODEL) -p corpus $(CORPUS) -r schemes "$(SCHEMES)" -p peers $(PEERS) -p stride $(STRIDE) \
-	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) $(CHECKS) -p output_dir $(CURDIR)/$(REPORTS)
+	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) $(CHECKS) -r budget "$(BUDGET)" \
+	  -r calibration "$(CALIBRATION)" -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/sweep.ipynb
 	@echo "Sweep: $(CURDIR)/$(REPORTS)/sweep.html (results: $(REPORTS)/sweep.json)"
 

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from kvlib import corpus, models, zoo
 from kvlib.agreement import AgreementConfig
+from kvlib.budget import parse_budgets, similar_presets
 from kvlib.codec import resolve_codec
 from kvlib.decoding import DecodingChecks
 from kvlib.retrieval import RetrievalConfig
+from kvlib.sensitivity import CalibrationConfig
 from kvlib.sweep import check_parameters, default_schemes, run_sweep
 from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
@@ -53,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-windows", type=int, default=None, help="limit the number of windows (quick checks)")
     p.add_argument("--context-length", type=int, default=None, help="window length (default min(2048, model context))")
     p.add_argument("--json", metavar="OUT", help="write the result as JSON to OUT")
+    b = p.add_argument_group("mixed precision", "per-layer sensitivity and a scheme per slot under a bit budget")
+    b.add_argument("--sensitivity", action="store_true",
+                   help="measure each layer and role's KL under each candidate, on calibration windows")
+    b.add_argument("--budget", metavar="BITS[,BITS]",
+                   help="choose a candidate per layer and role for at most BITS bits/element (implies --sensitivity) "
+                   "and validate the mix (named mix@BITS) beside the other schemes")
+    b.add_argument("--calibration", metavar="SETTINGS", default="",
+                   help="calibration settings, e.g. 'corpus=embedded;windows=2;targets=128;"
+                   "candidates=lm2rot,lm3rot,lm4rot,q8_0' (default corpus: the embedded one when another is "
+                   "evaluated, else its tokens after the evaluated windows)")
     s = p.add_argument_group("results and scale", "finished units are kept and reused; Ray runs the missing ones")
     s.add_argument("--results", metavar="DIR", help="results store (default $KVLIB_HOME/results, i.e. ~/.cache/kvlib/results)")
     s.add_argument("--fresh", action="store_true", help="ignore the results store: compute every unit again")
@@ -114,12 +126,19 @@ def main(argv: list[str] | None = None) -> int:
             check_output_path(args.json)
         if not args.quick_test:
             check_parameters(args.threshold, args.stride, args.max_windows, args.context_length)
-        if len(codecs) > 1:
+        budgets = parse_budgets(args.budget)
+        calibration = CalibrationConfig.from_string(args.calibration)
+        if (budgets or args.sensitivity) and args.quick_test:
+            raise ValueError("--budget and --sensitivity need a model: they do not run with --quick-test")
+        if budgets and not specs:
+            codecs = [resolve_codec(x) for x in similar_presets(budgets)]
+        if len(codecs) > 1 or budgets or args.sensitivity:
             sweep = run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
                               dtype=args.dtype, threshold=args.threshold, stride=args.stride,
                               max_windows=args.max_windows, context_length=args.context_length,
                               peers=not args.no_peers, verbose=not args.quiet, checks=checks,
-                              results=args.results, fresh=args.fresh, ray=args.ray)
+                              results=args.results, fresh=args.fresh, ray=args.ray, budget=budgets,
+                              calibration=calibration, sensitivity=args.sensitivity)
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:

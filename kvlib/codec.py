@@ -169,3 +169,10 @@ def resolve_codec(scheme: "str | CodecConfig | None" = None, bits: int | None = 
 def presets() -> dict[str, CodecConfig]:
     """The CLI's presets, in its order (``kv-compress schemes``)."""
     return {p["name"]: CodecConfig.from_json(p) for p in _check(("schemes",))}
+
+
+@lru_cache(maxsize=1)
+def preset_bits() -> dict[str, float]:
+    """Each preset's nominal bits per element (the CLI's, keys and values averaged): codes and
+    per-group parameters of a long 4-D cache; measured sizes come from compressing."""
+    return {p["name"]: (p["key_bits_per_element"] + p["value_bits_per_element"]) / 2 for p in _check(("schemes",))}

@@ -34,8 +34,11 @@ from kvlib.executor import RayExecutor, ScoringJob, SerialExecutor
 from kvlib.provenance import RunIdentity
 from kvlib.store import ResultsStore, unit_key
 from kvlib.transforms import CODEC_TRANSFORMS, cache_transforms
+from kvlib.budget import calibration_tokens, parse_budgets, plan_mixes
+from kvlib.sensitivity import CalibrationConfig, resolve_candidates
 from kvlib.units import ScoringPlan, decode, encode
 
+MIX_PREFIX = "mix@"  # the name of a budget's mixed scheme: mix@3.25
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -106,6 +109,7 @@ class SweepResult:
     timing: dict[str, float] = field(default_factory=dict)
     retrieval: dict[str, Any] = field(default_factory=dict)  # RetrievalResult.to_dict(), empty when not run
     agreement: dict[str, Any] = field(default_factory=dict)  # AgreementResult.to_dict(), empty when not run
+    budget: dict[str, Any] = field(default_factory=dict)  # BudgetResult.to_dict(), empty without a budget
 
     def scheme(self, name: str) -> SchemeResult:
         for s in self.schemes:
@@ -306,6 +310,9 @@ def run_sweep(
     results: str | os.PathLike | None | bool = None,
     fresh: bool = False,
     ray: bool | str = False,
+    budget: str | float | list[float] | None = None,
+    calibration: CalibrationConfig | str | None = None,
+    sensitivity: bool = False,
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
@@ -315,9 +322,19 @@ def run_sweep(
     False: none) as they finish and are read back on the next run (``fresh``: ignore them); a
     run with nothing missing (decoding checks included) loads no model. ``ray`` (True, or a
     cluster address; also when RAY_ADDRESS is set or KVLIB_RAY=1) computes the missing units on
-    Ray actors."""
+    Ray actors.
+
+    ``sensitivity``: also measure each (layer, role) slot's cost under each candidate scheme on
+    the ``calibration`` windows (kvlib.budget); ``budget`` (bits per element, one or a list)
+    implies it and validates the mixed scheme each budget allots, named ``mix@BUDGET``, beside
+    the others."""
     t_start = time.perf_counter()
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
+    budgets = budget if isinstance(budget, list) else parse_budgets(budget)
+    cal_cfg = calibration if isinstance(calibration, CalibrationConfig) else CalibrationConfig.from_string(calibration or "")
+    sensitivity = sensitivity or bool(budgets)
+    if sensitivity:
+        resolve_candidates(cal_cfg.candidates)
     if len({c.name for c in resolved}) != len(resolved):
         raise ValueError("a scheme is listed twice: " + ", ".join(c.name for c in resolved))
     check_parameters(threshold, stride, max_windows, context_length)
@@ -346,13 +363,22 @@ def run_sweep(
         return loaded["lm"]
 
     geometry = _geometry(store, identity, load)  # a cache kvlib cannot compress fails here, before any window
+    planned, mixes = None, {}
+    if sensitivity:
+        cal = calibration_tokens(cal_cfg, text, ids, tok, L, stride, max_windows)
+        with tempfile.TemporaryDirectory(prefix="kvlib-budget-") as tmp:
+            found, planned = plan_mixes(load, cal_cfg, budgets, cal, L, workdir or tmp, name, store, identity, say,
+                                        verbose if progress is None else progress)
+        mixes = {m.name: f"{MIX_PREFIX}{b:g}" for m, b in zip(found, budgets)}
+        resolved += [m for m in dict.fromkeys(found) if m.name not in {c.name for c in resolved}]
     lazy = models.LazyModel(load, config)  # the decoding checks load it only for a unit not stored
     checks.check_inputs(lazy, tok, ids.shape[1], text.name)
     executor, job = None, None
     if ray or os.environ.get("RAY_ADDRESS") or os.environ.get("KVLIB_RAY", "") in ("1", "true", "True"):
         executor = RayExecutor(address=ray if isinstance(ray, str) else None)
         job = _job_for(resolved, peers, L, stride, max_windows, name, model, device, dtype_name(torch_dtype))
-    names = ", ".join(c.name for c in resolved) + (" + the transformers QuantizedCache peer" if peers else "")
+    names = ", ".join(mixes.get(c.name, c.name) for c in resolved) + (
+        " + the transformers QuantizedCache peer" if peers else "")
     say(f"Scoring {names} on {text.name} ({ids.shape[1]} tokens, window {L}, stride {stride})...")
     t0 = time.perf_counter()
     loaded_before = "lm" in loaded
@@ -368,6 +394,7 @@ def run_sweep(
     for s in schemes:
         for k, v in readings(s.name, retrieval, agreement).items():
             setattr(s, k, v)
+        s.name = mixes.get(s.name, s.name)
     schemes.sort(key=lambda s: (bool(s.error), not s.passed, s.bits_per_element, s.context_delta))
     rec, sentence = recommend(schemes)
     result = SweepResult(
@@ -382,11 +409,23 @@ def run_sweep(
                 "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing,
                 **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),
                 **({"agreement_s": agreement.timing["total_s"]} if agreement else {})},
-        retrieval=retrieval.to_dict() if retrieval else {}, agreement=agreement.to_dict() if agreement else {},
+        retrieval=renamed(retrieval.to_dict(), mixes) if retrieval else {},
+        agreement=renamed(agreement.to_dict(), mixes) if agreement else {},
+        budget=planned.to_dict() if planned else {},
     )
     if verbose:
         print_sweep(result)
     return result
+
+
+def renamed(d: Any, names: dict[str, str]) -> Any:
+    """``d`` (a check's JSON-able result) with the schemes' names replaced as ``names`` says, in
+    keys and values alike: mixed schemes are shown as mix@BUDGET, not as their long specs."""
+    if isinstance(d, dict):
+        return {names.get(k, k) if isinstance(k, str) else k: renamed(v, names) for k, v in d.items()}
+    if isinstance(d, list):
+        return [renamed(v, names) for v in d]
+    return names.get(d, d) if isinstance(d, str) else d
 
 
 def _geometry(store: ResultsStore | None, identity: RunIdentity, load: Any) -> dict[str, Any]:
@@ -464,3 +503,20 @@ def print_sweep(r: SweepResult) -> None:
             print(f"  {d['summary']}")
     print(f"  {r.recommendation}")
     print(bar)
+    if r.budget:
+        print_budget(r.budget)
+
+
+def print_budget(b: dict[str, Any]) -> None:
+    """The sensitivity table (mean KL per target when only that slot is compressed) and each
+    budget's allocation."""
+    sens = b["sensitivity"]
+    names = sens["names"]
+    print(f"  SENSITIVITY  KL(exact || one slot compressed), nats/token, on {sens['calibration']}")
+    print("  layer  " + "  ".join(f"{'K ' + n:>11s}" for n in names) + "   " + "  ".join(f"{'V ' + n:>11s}" for n in names))
+    for layer, roles in enumerate(sens["kl"]):
+        print(f"  {layer:5d}  " + "  ".join(f"{v:11.5f}" for v in roles[0]) + "   "
+              + "  ".join(f"{v:11.5f}" for v in roles[1]))
+    for m in b["mixes"]:
+        print(f"  budget {m['budget']:g}: {m['bits']:.3f} bits/element, KL predicted {m['predicted_kl']:.4f}, "
+              f"measured {m['measured_kl']:.4f}: {m['spec']}")

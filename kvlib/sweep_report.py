@@ -13,7 +13,7 @@ import numpy as np
 
 from kvlib.gates import CI_LEVEL, CI_METHOD
 from kvlib.report import Figure, fmt, mark_sliding_layers
-from kvlib.sweep import SweepResult
+from kvlib.sweep import MIX_PREFIX, SweepResult
 
 PEER_COLOR, KVQ_COLOR, FAIL_COLOR = "#8250df", "#1f77b4", "#cf222e"
 
@@ -68,10 +68,11 @@ def plot_pareto(result: SweepResult | dict[str, Any]) -> Figure:
     for s in ss:
         x, y = s["bits_per_element"], s["context_delta"]
         color = PEER_COLOR if s["kind"] == "peer" else (KVQ_COLOR if s["passed"] else FAIL_COLOR)
-        marker = "D" if s["kind"] == "peer" else "o"
+        mixed = s["name"].startswith(MIX_PREFIX)
+        marker = "D" if s["kind"] == "peer" else "*" if mixed else "o"
         err = [[max(0.0, y - s["ci_low"])], [max(0.0, s["ci_high"] - y)]]
-        ax.errorbar([x], [y], yerr=err, fmt=marker, color=color, ms=6, capsize=3, lw=1)
-        ax2.scatter([x], [max(s["kld_mean"], 1e-6)], marker=marker, color=color, s=30)
+        ax.errorbar([x], [y], yerr=err, fmt=marker, color=color, ms=11 if mixed else 6, capsize=3, lw=1)
+        ax2.scatter([x], [max(s["kld_mean"], 1e-6)], marker=marker, color=color, s=110 if mixed else 30)
     fr = frontier(ss)
     if fr:
         ax.step([s["bits_per_element"] for s in fr], [s["context_delta"] for s in fr], where="post",
@@ -83,7 +84,9 @@ def plot_pareto(result: SweepResult | dict[str, Any]) -> Figure:
         a.margins(x=0.12, y=0.12)
     ax.set_xlabel("bits per element (measured, including scales, zero points, outliers, residual)")
     ax.set_ylabel("gated perplexity delta (symlog)")
-    ax.set_title(f"Cost against quality: {CI_LEVEL:.0%} CI bars, ◆ = transformers' QuantizedCache")
+    mixes = any(s["name"].startswith(MIX_PREFIX) for s in ss)
+    ax.set_title(f"Cost against quality: {CI_LEVEL:.0%} CI bars, ◆ = transformers' QuantizedCache"
+                 + (", ★ = a scheme per layer and role under a bit budget" if mixes else ""))
     ax.legend(loc="upper right", fontsize=8)
     ax2.set_yscale("log")
     ax2.set_xlabel("bits per element")

@@ -1,0 +1,254 @@
+"""Where the model is sensitive: the cost of compressing each (layer, role) slot on its own.
+
+On calibration windows that never overlap the evaluated ones, each window's context cache goes
+through every candidate codec once. Then, for each slot and candidate, the window's suffix runs
+against the exact cache with only that slot replaced by the candidate's reconstruction, and the
+mean KL(exact || that) over the suffix's targets is the slot's cost under the candidate. The
+decoder layers before the slot see exactly the exact run's inputs, so their outputs are replayed
+from it instead of computed again (prefix reuse: the same bits, about half the layers' work).
+
+Per-tensor compression is independent, so a mix of candidates per slot reconstructs exactly what
+the per-layer spec of that mix does in ``kv-compress``; ``measure_mix`` scores such a mix on the
+same windows, to check that the slots' costs add up.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from kvlib.cache import cache_layers
+from kvlib.codec import CodecConfig, resolve_codec
+from kvlib.layout import layout_of, make_cache, new_cache
+
+ROLES = ("key", "value")
+# The candidates a slot may take: Lloyd-Max after rotation at 2, 3 and 4 bits, and q8_0.
+DEFAULT_CANDIDATES = ("lm2rot", "lm3rot", "lm4rot", "q8_0")
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """Which windows the sensitivity pass scores, and the candidates it prices.
+
+    ``corpus``: "auto" takes the embedded corpus when another one is evaluated, else the
+    evaluated corpus's tokens after its last evaluated window. ``windows`` windows of the
+    model's window length each score their last ``targets`` tokens."""
+
+    corpus: str = "auto"
+    windows: int = 2
+    targets: int = 128
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
+
+    def to_string(self) -> str:
+        return f"corpus={self.corpus};windows={self.windows};targets={self.targets};candidates={','.join(self.candidates)}"
+
+    @classmethod
+    def from_string(cls, s: str) -> "CalibrationConfig":
+        """Parse ``to_string``'s form; any field may be left out."""
+        kw: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in s.split(";"))):
+            k, sep, v = part.partition("=")
+            if not sep or k not in ("corpus", "windows", "targets", "candidates"):
+                raise ValueError(f"calibration setting {part!r}: want corpus=, windows=, targets= or candidates=")
+            if k in ("windows", "targets"):
+                try:
+                    kw[k] = int(v)
+                except ValueError:
+                    raise ValueError(f"calibration setting {part!r}: not an integer") from None
+            else:
+                kw[k] = tuple(x.strip() for x in v.split(",") if x.strip()) if k == "candidates" else v
+        c = cls(**kw)
+        c.check()
+        return c
+
+    def check(self) -> None:
+        if self.windows < 1 or self.targets < 1 or not self.candidates:
+            raise ValueError(f"calibration needs windows >= 1, targets >= 1 and a candidate: {self.to_string()}")
+
+
+@dataclass
+class Sensitivity:
+    """The slots' costs: ``kl[layer][role][candidate]`` (mean nats per target over the
+    calibration windows) and the bytes each slot stores under each candidate (summed over
+    the windows' context caches), with the elements it holds."""
+
+    candidates: list[str]  # canonical specs, in the order of the last axis
+    names: list[str]  # their display names
+    kl: list[list[list[float]]]
+    stored_bytes: list[list[list[int]]]
+    elements: list[list[int]]
+    calibration: str  # the corpus and the windows' token ranges, for the report
+    targets: int  # scored tokens over all windows
+    seconds: float = 0.0
+    forwards: int = 0  # suffix forwards run
+    layers_run: float = 0.0  # share of the decoder layers computed (prefix reuse skips the rest)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.kl)
+
+    def bits(self, layer: int, role: int, candidate: int) -> float:
+        """Bits per element the slot stores under the candidate."""
+        return 8 * self.stored_bytes[layer][role][candidate] / max(self.elements[layer][role], 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sensitivity":
+        return cls(**d)
+
+
+@dataclass
+class CalibrationWindow:
+    """One calibration window's exact run: the context cache, the suffix and its exact scores."""
+
+    begin: int
+    end: int
+    context: Any  # the context's cache (a DynamicCache in the model's layout)
+    suffix: torch.Tensor  # [1, targets + 1]: the last context token, then the targets
+    logp: torch.Tensor  # [targets, vocab] exact log-probabilities
+    layer_outputs: list[Any] = field(default_factory=list)  # each decoder layer's output on the suffix
+
+
+def decoder_layers(model: Any, num_layers: int) -> Any:
+    """The model's decoder layers (one per cache layer), or None when they cannot be found."""
+    try:
+        dec = model.get_decoder()
+    except (AttributeError, NotImplementedError, ValueError):
+        return None
+    layers = getattr(dec, "layers", None)
+    return layers if isinstance(layers, torch.nn.ModuleList) and len(layers) == num_layers else None
+
+
+@contextmanager
+def _recording(layers: Any, outputs: list[Any]) -> Iterator[None]:
+    """Record each decoder layer's output."""
+    hooks = [m.register_forward_hook(lambda _m, _a, out, i=i: outputs.__setitem__(i, out)) for i, m in enumerate(layers)]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@contextmanager
+def _replaying(layers: Any, outputs: list[Any], upto: int) -> Iterator[None]:
+    """Layers before ``upto`` return their recorded outputs instead of computing them."""
+    for i in range(upto):
+        layers[i].forward = lambda *a, _out=outputs[i], **k: _out
+    try:
+        yield
+    finally:
+        for i in range(upto):
+            del layers[i].forward
+
+
+def calibration_window(model: Any, ids: torch.Tensor, begin: int, length: int, targets: int) -> CalibrationWindow:
+    """Run one window [begin, begin + length) exactly: its context's cache, then the suffix
+    against it, recording the suffix's log-probabilities and each decoder layer's output."""
+    n = length - targets - 1
+    device = next(model.parameters()).device
+    window = ids[:, begin: begin + length].to(device)
+    ctx = model(input_ids=window[:, :n], past_key_values=new_cache(model), use_cache=True).past_key_values
+    w = CalibrationWindow(begin, begin + length, ctx, window[:, n:], torch.empty(0))
+    layers = decoder_layers(model, len(ctx.layers))
+    w.layer_outputs = [None] * (len(layers) if layers is not None else 0)
+    with _recording(layers if layers is not None else [], w.layer_outputs):
+        w.logp = _suffix_logp(model, w, cache_layers(ctx))
+    return w
+
+
+def _suffix_logp(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    cache = make_cache(list(layers), layout_of(w.context))
+    out = model(input_ids=w.suffix, past_key_values=cache, use_cache=True)
+    return F.log_softmax(out.logits[0, :-1].float(), dim=-1)
+
+
+def mean_kl(logp_exact: torch.Tensor, logp: torch.Tensor) -> float:
+    """Mean over targets of KL(exact || other), nats (>= 0 per target up to rounding)."""
+    return float((logp_exact.exp() * (logp_exact - logp)).sum(-1).clamp_min(0).double().mean())
+
+
+def score_variant(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Tensor, torch.Tensor]],
+                  first_changed: int = 0) -> float:
+    """Mean KL of the suffix against ``layers`` (the exact ones but from ``first_changed`` on),
+    replaying the recorded outputs of the decoder layers before ``first_changed``."""
+    dec = decoder_layers(model, len(layers)) if first_changed > 0 and w.layer_outputs else None
+    if dec is None:
+        return mean_kl(w.logp, _suffix_logp(model, w, layers))
+    with _replaying(dec, w.layer_outputs, first_changed):
+        return mean_kl(w.logp, _suffix_logp(model, w, layers))
+
+
+def reconstructions(w: CalibrationWindow, transforms: dict[str, Any]) -> dict[str, tuple[list, dict[str, int]]]:
+    """Each candidate's reconstruction of the window's context (own copies: a transform may reuse
+    its buffers) and the bytes it stores per tensor."""
+    out = {}
+    for name, t in transforms.items():
+        cache, metrics = t(w.context)
+        layers = [(k.clone(), v.clone()) for k, v in cache_layers(cache)]
+        out[name] = (layers, {d["name"]: int(d["compressed_size_bytes"]) for d in metrics.tensors})
+        del cache
+    return out
+
+
+def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: list[CodecConfig],
+                        transforms: dict[str, Any], calibration: str,
+                        progress: Callable[[int, int], None] | None = None) -> Sensitivity:
+    """Every slot's mean KL under every candidate on ``windows`` (see the module's docstring)."""
+    t0 = time.perf_counter()
+    nl = len(windows[0].context.layers)
+    nc = len(codecs)
+    kl = [[[0.0] * nc for _ in ROLES] for _ in range(nl)]
+    nbytes = [[[0] * nc for _ in ROLES] for _ in range(nl)]
+    elements = [[0, 0] for _ in range(nl)]
+    forwards, run, total = 0, 0, nl * len(ROLES) * nc * len(windows)
+    for w in windows:
+        exact = cache_layers(w.context)
+        recon = reconstructions(w, {c.name: transforms[c.name] for c in codecs})
+        for layer in range(nl):
+            for r, role in enumerate(ROLES):
+                elements[layer][r] += exact[layer][r].numel()
+                for c, codec in enumerate(codecs):
+                    layers = list(exact)
+                    rec = recon[codec.name][0][layer]
+                    layers[layer] = (rec[0], exact[layer][1]) if role == "key" else (exact[layer][0], rec[1])
+                    kl[layer][r][c] += score_variant(model, w, layers, layer) / len(windows)
+                    nbytes[layer][r][c] += recon[codec.name][1][f"layer_{layer}_{role}"]
+                    forwards += 1
+                    run += nl - (layer if w.layer_outputs else 0)
+                    if progress is not None:
+                        progress(forwards, total)
+        del recon
+    return Sensitivity(candidates=[c.spec for c in codecs], names=[c.name for c in codecs], kl=kl,
+                       stored_bytes=nbytes, elements=elements, calibration=calibration,
+                       targets=sum(w.logp.shape[0] for w in windows), seconds=time.perf_counter() - t0,
+                       forwards=forwards, layers_run=run / max(forwards * nl, 1))
+
+
+def measure_mix(model: Any, windows: list[CalibrationWindow], mix: CodecConfig, transforms: dict[str, Any]) -> float:
+    """The mean KL, over the calibration windows, of the cache compressed with ``mix``."""
+    total = 0.0
+    for w in windows:
+        cache, _ = transforms[mix.name](w.context)
+        total += score_variant(model, w, cache_layers(cache)) * w.logp.shape[0]
+        del cache
+    return total / sum(w.logp.shape[0] for w in windows)
+
+
+def resolve_candidates(names: tuple[str, ...]) -> list[CodecConfig]:
+    """The candidates as codecs; each must be one scheme per role, without overrides or the lossless stage."""
+    out = [resolve_codec(n) for n in names]
+    for c in out:
+        if c.layers or c.lossless:
+            raise ValueError(f"candidate {c.name}: a candidate is one scheme per role (no per-layer overrides, "
+                             "no +lossless)")
+    if len({c.spec for c in out}) != len(out):
+        raise ValueError("a candidate is listed twice: " + ", ".join(c.name for c in out))
+    return out

@@ -1,0 +1,171 @@
+"""The sensitivity pass, the exact knapsack and the mixed spec they produce (tiny model)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from kvlib.allocate import allocate, solve
+from kvlib.cache import cache_layers
+from kvlib.codec import resolve_codec
+from kvlib.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, measure_sensitivity,
+                               resolve_candidates, score_variant)
+from kvlib.transforms import cache_transforms
+
+
+def test_knapsack_is_exact_against_brute_force():
+    rng = random.Random(7)
+    for _ in range(300):
+        n, m = rng.randint(1, 6), rng.randint(1, 4)
+        costs = [[rng.choice([rng.random(), 0.5]) for _ in range(m)] for _ in range(n)]
+        sizes = [[rng.randint(1, 9) for _ in range(m)] for _ in range(n)]
+        cap = rng.randint(0, 40)
+        fits = [(sum(costs[i][j] for i, j in enumerate(p)), p) for p in itertools.product(range(m), repeat=n)
+                if sum(sizes[i][j] for i, j in enumerate(p)) <= cap]
+        got = solve(costs, sizes, cap)
+        if not fits:
+            assert got is None
+            continue
+        picks, cost, size = got
+        assert cost == pytest.approx(min(c for c, _ in fits), abs=1e-12)
+        assert size == sum(sizes[i][j] for i, j in enumerate(picks)) <= cap
+        assert cost == pytest.approx(sum(costs[i][j] for i, j in enumerate(picks)), abs=1e-12)
+
+
+def test_calibration_config_round_trips_and_rejects():
+    c = CalibrationConfig(corpus="embedded", windows=3, targets=64, candidates=("lm3rot", "q8_0"))
+    assert CalibrationConfig.from_string(c.to_string()) == c and {c: 1}[c] == 1
+    assert CalibrationConfig.from_string("windows=1") == CalibrationConfig(windows=1)
+    for bad in ("windows=0", "nope=1", "targets"):
+        with pytest.raises(ValueError):
+            CalibrationConfig.from_string(bad)
+    with pytest.raises(ValueError, match="one scheme per role"):
+        resolve_candidates(("int4,k0=int8",))
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny_llama, tmp_path_factory):
+    torch.manual_seed(3)
+    ids = torch.randint(3, 64, (1, 200))
+    with torch.no_grad():
+        windows = [calibration_window(tiny_llama, ids, b, 96, 16) for b in (0, 100)]
+    codecs = resolve_candidates(("lm2rot", "lm4rot", "q8_0"))
+    ts, _ = cache_transforms(codecs, tmp_path_factory.mktemp("sens"), "tiny")
+    with torch.no_grad():
+        sens = measure_sensitivity(tiny_llama, windows, codecs, ts, "random ids")
+    return windows, codecs, ts, sens
+
+
+def test_prefix_reuse_gives_the_same_bits(tiny_llama, calibrated):
+    windows, codecs, ts, _ = calibrated
+    w = windows[0]
+    exact = cache_layers(w.context)
+    rec, _ = ts[codecs[0].name](w.context)
+    for layer in (0, 5, 21):
+        layers = list(exact)
+        layers[layer] = (cache_layers(rec)[layer][0].clone(), exact[layer][1])
+        with torch.no_grad():
+            assert score_variant(tiny_llama, w, layers, layer) == score_variant(tiny_llama, w, layers, 0)
+    with torch.no_grad():
+        assert score_variant(tiny_llama, w, list(exact), 7) == 0.0  # nothing compressed: exactly nothing lost
+
+
+def test_sensitivity_table_is_complete_and_ordered(calibrated):
+    windows, codecs, _, sens = calibrated
+    assert sens.num_layers == 22 and sens.names == ["lm2rot", "lm4rot", "q8_0"]
+    assert sens.forwards == 22 * 2 * 3 * 2 and 0.4 < sens.layers_run < 0.6  # prefix reuse: about half the layers
+    for layer in range(22):
+        for r in range(2):
+            b = [sens.bits(layer, r, c) for c in range(3)]
+            assert b == pytest.approx([2.25, 4.25, 8.5])
+            assert all(k >= 0 for k in sens.kl[layer][r])
+    mean = [sum(sens.kl[la][r][c] for la in range(22) for r in range(2)) for c in range(3)]
+    assert mean[0] > mean[1] > mean[2]  # fewer bits cost more, in total
+    assert Sensitivity.from_dict(sens.to_dict()) == sens
+
+
+def test_allocation_meets_the_budget_and_its_spec_reconstructs_the_mix(tiny_llama, calibrated, tmp_path):
+    windows, codecs, _, sens = calibrated
+    a = allocate(sens, 3.25)
+    assert a.bits <= 3.25 and a.bits > 2.25
+    mix = resolve_codec(a.spec)
+    for layer, (k, v) in enumerate(a.choice):
+        assert mix.scheme_for(layer, "key") == codecs[k].key and mix.scheme_for(layer, "value") == codecs[v].value
+    # The mixed spec through kv-compress stores each slot as its candidate does: the same bits.
+    ts, _ = cache_transforms(codecs + [mix], tmp_path, "tiny")
+    w = windows[1]
+    mixed, metrics = ts[mix.name](w.context)
+    assert 8 * metrics.compressed_size_bytes / metrics.num_elements == pytest.approx(
+        8 * sum(sens.stored_bytes[la][r][a.choice[la][r]] for la in range(22) for r in range(2))
+        / sum(sum(e) for e in sens.elements))
+    for layer, (k, v) in enumerate(a.choice):
+        rk, _ = ts[codecs[k].name](w.context)
+        assert torch.equal(cache_layers(mixed)[layer][0], cache_layers(rk)[layer][0])
+    with torch.no_grad():
+        measured = measure_mix(tiny_llama, windows, mix, ts)
+    assert measured > 0
+    # Everything at the cheapest candidate is the only choice at its own size; too small a budget fails.
+    assert allocate(sens, 2.25).spec == resolve_codec("lm2rot").spec
+    with pytest.raises(ValueError, match="below the cheapest"):
+        allocate(sens, 2.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tiny_llama, tiny_tokenizer):
+    """The tiny Llama and tokenizer as a Hugging Face directory, and a corpus file of its words."""
+    d = tmp_path_factory.mktemp("tiny-budget")
+    tiny_llama.save_pretrained(d / "model")
+    tiny_tokenizer.save_pretrained(d / "model")
+    rng = random.Random(0)
+    words = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
+    (d / "corpus.txt").write_text(" ".join(rng.choice(words) for _ in range(1400)))
+    return d
+
+
+def test_sweep_with_a_budget_validates_the_mix_and_reuses_the_sensitivity(tiny_dir, tmp_path):
+    from kvlib import budget_report
+    from kvlib.sweep import run_sweep
+
+    kw = dict(model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), device="cpu", stride=128,
+              max_windows=3, context_length=256, peers=False, verbose=False, results=tmp_path / "store",
+              budget="3.25", calibration="windows=1;targets=16;candidates=lm2rot,lm4rot")
+    r = run_sweep(["lm3rot"], **kw)
+    mix = r.scheme("mix@3.25")
+    assert mix.bits_per_element <= 3.25 + 1e-9 and "," in mix.spec and not r.budget["reused"]
+    b = r.budget
+    assert "Python documentation" in b["sensitivity"]["calibration"]  # auto: the embedded corpus, not the evaluated one
+    assert b["mixes"][0]["spec"] == mix.spec and b["mixes"][0]["measured_kl"] > 0
+    assert budget_report.budget_rows(r)[0][0] == "mix@3.25"
+    for fig in (budget_report.plot_sensitivity(r), budget_report.plot_allocation(r)):
+        assert fig is not None and "layer" in fig.alt
+    again = run_sweep(["lm3rot"], **kw)
+    assert again.budget["reused"] and again.budget["sensitivity"]["kl"] == b["sensitivity"]["kl"]
+    assert again.scheme("mix@3.25").context_delta == mix.context_delta
+
+
+def test_calibration_on_the_evaluated_corpus_comes_after_its_windows(tiny_dir, tiny_tokenizer):
+    from kvlib.budget import calibration_tokens
+    from kvlib.corpus import load_corpus, tokenize
+
+    text = load_corpus(str(tiny_dir / "corpus.txt"))
+    ids = tokenize(tiny_tokenizer, text)
+    cal = calibration_tokens(CalibrationConfig(corpus=str(tiny_dir / "corpus.txt"), windows=2), text, ids,
+                             tiny_tokenizer, 256, 128, 3)
+    assert cal.starts == [512, 768]  # three windows of 256 at stride 128 end at token 512
+    with pytest.raises(ValueError, match="too few"):
+        calibration_tokens(CalibrationConfig(corpus=str(tiny_dir / "corpus.txt"), windows=2), text, ids,
+                           tiny_tokenizer, 256, 128, None)
+
+
+def test_cli_rejects_a_bad_budget_or_calibration(capsys):
+    from kvlib.cli import main
+
+    for argv, words in ((["--budget", "abc"], "budget 'abc'"), (["--budget", "0.5"], "outside [1, 16]"),
+                        (["--calibration", "windows=x"], "not an integer"),
+                        (["--budget", "3", "--calibration", "candidates=int4+lossless"], "one scheme per role"),
+                        (["--quick-test", "--sensitivity"], "need a model")):
+        assert main(argv) == 2
+        assert words in capsys.readouterr().err
