@@ -176,8 +176,9 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--go-runs", type=int, default=20)
     ap.add_argument("--sweep-windows", type=int, default=3)
-    ap.add_argument("--only", choices=["server", "store"],
-                    help="run one section alone (server: the codec server's; store: the results store and Ray)")
+    ap.add_argument("--only", choices=["server", "store", "budget"],
+                    help="run one section alone (server: the codec server's; store: the results store and Ray; "
+                    "budget: the sensitivity pass)")
     args = ap.parse_args()
     torch.manual_seed(0)
     cli = find_cli_binary()
@@ -193,6 +194,9 @@ def main() -> None:
 
     with torch.no_grad():
         kv = model(input_ids=ids[:, :2048], use_cache=True).past_key_values
+    if args.only == "budget":
+        budget_costs(model, ids)
+        return
     if args.only == "server":
         with tempfile.TemporaryDirectory(prefix="kvlib-bench-server-") as tmp:
             server_costs(model, ids, make_cache(cache_layers(kv)), Path(tmp), args.sweep_windows)
@@ -257,6 +261,7 @@ def main() -> None:
         server_costs(model, ids, make_cache(cache_layers(kv)), Path(tmp2), args.sweep_windows)
     decoding_costs()
     store_costs(args.corpus, args.windows)
+    budget_costs(model, ids)
 
 
 def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3) -> None:
@@ -324,6 +329,46 @@ def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3
           f"against {best['server-3']:.1f} s sequential (ratio {best['server-3-overlap'] / best['server-3']:.3f}; "
           "on a CPU the model and the codec share the cores)")
     print("  shared memory in use: one context copy + one reconstruction per scheme, each one window's cache\n")
+
+
+def budget_costs(model, ids, targets: int = 128, slots=(0, 7, 15, 22, 29)) -> None:
+    """The sensitivity pass's unit of work, a suffix forward with one slot compressed, with and
+    without prefix reuse (the layers before the slot replayed from the exact run), on one
+    calibration window: the same KL to the bit, and the time saved."""
+    from kvlib.sensitivity import calibration_window, reconstructions, resolve_candidates, score_variant
+    from kvlib.transforms import cache_transforms
+
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="kvlib-bench-budget-") as tmp:
+        w = calibration_window(model, ids, 0, 2048, targets)
+        codec = resolve_candidates(("lm3rot",))[0]
+        ts, _ = cache_transforms([codec], tmp, "SmolLM2-135M")
+        t0 = time.perf_counter()
+        rec = reconstructions(w, ts)[codec.name][0]
+        codec_s = time.perf_counter() - t0
+        exact = cache_layers(w.context)
+        times = {"reuse": 0.0, "full": 0.0}
+        same = True
+        for layer in slots:
+            layers = list(exact)
+            layers[layer] = (rec[layer][0], exact[layer][1])
+            kl = {}
+            for mode, first in (("full", 0), ("reuse", layer)):
+                best = math.inf
+                for _ in range(2):
+                    t = time.perf_counter()
+                    kl[mode] = score_variant(model, w, layers, first)
+                    best = min(best, time.perf_counter() - t)
+                times[mode] += best
+            same &= kl["full"] == kl["reuse"]
+    n = len(slots)
+    print(f"== The sensitivity pass (one window of 2048, the last {targets} tokens scored; keys of layers {list(slots)})")
+    print(f"  suffix forward, one slot compressed: {1000 * times['full'] / n:6.0f} ms in full, "
+          f"{1000 * times['reuse'] / n:6.0f} ms with prefix reuse (mean over the slots, best of 2)")
+    print(f"  prefix reuse / full                  {times['reuse'] / times['full']:6.3f}  (layers run: "
+          f"{sum(30 - la for la in slots) / (30 * n):.3f}); KL identical: {same}")
+    print(f"  one candidate's codec round trip of the context: {1000 * codec_s:.0f} ms")
+    print(f"  so a pass over 30 layers x 2 roles x 4 candidates x 2 windows costs about "
+          f"{480 * times['reuse'] / n / 60:.1f} min of forwards on this machine\n")
 
 
 def store_costs(corpus: str, windows: int) -> None:

@@ -120,7 +120,7 @@ def plan_mixes(load: Callable[[], Any], cfg: CalibrationConfig, budgets: list[fl
             from tqdm.auto import tqdm
 
             bar = tqdm(desc="sensitivity", unit="forward")
-        tick = (lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n))) if bar else None
+        tick = (lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n))) if bar is not None else None
         with torch.no_grad():
             sens = measure_sensitivity(load(), calibrate(), codecs, ts, cal.description, tick)
         if bar is not None:

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "and validate the mix (named mix@BITS) beside the other schemes")
     b.add_argument("--calibration", metavar="SETTINGS", default="",
                    help="calibration settings, e.g. 'corpus=embedded;windows=2;targets=128;"
-                   "candidates=lm2rot,lm3rot,lm4rot,q8_0' (default corpus: the embedded one when another is "
+                   "candidates=lm2rot,rot3,rot4,q8_0' (default corpus: the embedded one when another is "
                    "evaluated, else its tokens after the evaluated windows)")
     s = p.add_argument_group("results and scale", "finished units are kept and reused; Ray runs the missing ones")
     s.add_argument("--results", metavar="DIR", help="results store (default $KVLIB_HOME/results, i.e. ~/.cache/kvlib/results)")

@@ -132,7 +132,7 @@ def test_sweep_with_a_budget_validates_the_mix_and_reuses_the_sensitivity(tiny_d
     kw = dict(model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), device="cpu", stride=128,
               max_windows=3, context_length=256, peers=False, verbose=False, results=tmp_path / "store",
               budget="3.25", calibration="windows=1;targets=16;candidates=lm2rot,lm4rot")
-    r = run_sweep(["lm3rot"], **kw)
+    r = run_sweep(["lm3rot"], **kw, progress=True)  # the progress bars too
     mix = r.scheme("mix@3.25")
     assert mix.bits_per_element <= 3.25 + 1e-9 and "," in mix.spec and not r.budget["reused"]
     b = r.budget
