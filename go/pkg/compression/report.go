@@ -244,15 +244,15 @@ func DecompressReport(src, restored *safetensors.File, hdr *Header) *Report {
 
 // SchemeInfo describes a spec: what check prints, and each entry of schemes.
 type SchemeInfo struct {
-	Command     string  `json:"command,omitempty"`
-	Name        string  `json:"name"`
-	Scheme      string  `json:"scheme"`
+	Command     string     `json:"command,omitempty"`
+	Name        string     `json:"name"`
+	Scheme      string     `json:"scheme"`
 	KeyScheme   Scheme     `json:"key_scheme"`
 	ValueScheme Scheme     `json:"value_scheme"`
 	Layers      []Override `json:"layers"` // the per-layer overrides, canonical
-	Lossless    bool    `json:"lossless"`
-	KeyBits     float64 `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
-	ValueBits   float64 `json:"value_bits_per_element"` // (measured sizes come from compress)
+	Lossless    bool       `json:"lossless"`
+	KeyBits     float64    `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
+	ValueBits   float64    `json:"value_bits_per_element"` // (measured sizes come from compress)
 }
 
 // NominalBits is the storage cost per element of a scheme's codes and
