@@ -14,7 +14,8 @@ import (
 var fuzzSpecs = append(PresetNames(),
 	"asym3/g6/channel/res2", "sym5/g10/rot/out0.1", "asym2/g4/out0.3/sp0.2", "k=sym8/g2/channel,v=q8_0/res1",
 	"sym4/g1073741824", "asym8/g2/channel/res1073741824", "k=kivi2,v=rot4/out0.05/res3", "int4+lossless",
-	"k=asym3/g6/channel/res2,v=q8_0+lossless")
+	"k=asym3/g6/channel/res2,v=q8_0+lossless", "symf5/g10", "lm3/g6/channel/res2", "lm2/g4/out0.3/sp0.2",
+	"lm4rot,k0=symf3/g8,v1-2=q8_0", "k=lm3/g8/rot,v=symf2/g4,kv0=lm2/g2")
 
 // memoryBound is how much a codec call may allocate for n bytes of input:
 // in proportion to the data, never to what a header claims. (A lossless

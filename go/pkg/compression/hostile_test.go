@@ -84,14 +84,14 @@ func TestHostileShapesAndParameters(t *testing.T) {
 }
 
 // A reconstruction never leaves its dtype's finite range: F16 and BF16
-// inputs at ±max, every bit width, sym and asym (issue 9, item 3).
+// inputs at ±max, every bit width, sym, symf, asym and lm (issue 9, item 3).
 func TestReconstructionSaturatesAtDTypeLimits(t *testing.T) {
 	limits := map[safetensors.DType]float32{safetensors.F16: 65504, safetensors.BF16: 0x1.fep127}
 	for dt, lim := range limits {
 		x := []float32{lim, -lim, lim, lim / 3, -lim, 0, 7, lim}
 		tn, _ := safetensors.NewFloatTensor("t", dt, []int{8}, x)
-		for _, m := range []Method{Sym, Asym} {
-			for bits := MinBits; bits <= MaxBits; bits++ {
+		for _, m := range []Method{Sym, SymF, Asym, LM} {
+			for bits := MinBits; bits <= MaxBits && (m != LM || bits <= MaxLMBits); bits++ {
 				s := Scheme{Method: m, Bits: bits, Group: 8, Axis: Token}
 				res, err := Compress(&safetensors.File{Tensors: []safetensors.Tensor{tn}}, Config{Spec: Spec{Key: s, Value: s}})
 				if err != nil {
