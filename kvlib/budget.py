@@ -91,6 +91,73 @@ def sensitivity_key(identity: RunIdentity, cal: Calibration, cfg: CalibrationCon
             "targets": cfg.targets, "candidates": [c.spec for c in codecs]}
 
 
+@dataclass
+class _Planning:
+    """One planning run's shared state: the model, the calibration windows (run once, when
+    first needed), and the results store with the sensitivity table's key."""
+
+    load: Callable[[], Any]
+    cfg: CalibrationConfig
+    cal: Calibration
+    length: int
+    workdir: Any
+    model_name: str
+    store: ResultsStore | None
+    key: dict[str, Any] | None
+    say: Callable[..., None]
+    windows: list[Any] = field(default_factory=list)
+
+    def calibration_windows(self) -> list[Any]:
+        if not self.windows:
+            with torch.no_grad():
+                self.windows.extend(calibration_window(self.load(), self.cal.ids, s, self.length, self.cfg.targets)
+                                    for s in self.cal.starts)
+        return self.windows
+
+    def stored(self, key: dict[str, Any] | None) -> dict[str, Any] | None:
+        return self.store.get(unit_key(key)) if self.store is not None and key is not None else None
+
+    def keep(self, key: dict[str, Any] | None, body: dict[str, Any]) -> None:
+        if self.store is not None and key is not None:
+            self.store.put(key, body)
+
+    def sensitivity(self, codecs: list[CodecConfig], progress: bool) -> tuple[Sensitivity, bool]:
+        """The table, from the store or measured now (and stored); whether it was reused."""
+        unit = self.stored(self.key)
+        if unit is not None:
+            self.say(f"Sensitivity: read from the results store ({self.cal.description})")
+            return Sensitivity.from_dict(unit["sensitivity"]), True
+        self.say(f"Sensitivity of {len(codecs)} candidates ({', '.join(c.name for c in codecs)}) per layer and role "
+                 f"on {self.cal.description}...")
+        ts, _ = cache_transforms(codecs, self.workdir, self.model_name)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc="sensitivity", unit="forward")
+        tick = (lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n))) if bar is not None else None
+        with torch.no_grad():
+            sens = measure_sensitivity(self.load(), self.calibration_windows(), codecs, ts, self.cal.description, tick)
+        if bar is not None:
+            bar.close()
+        self.say(f"  {sens.forwards} suffix forwards in {sens.seconds:.1f} s "
+                 f"(prefix reuse ran {100 * sens.layers_run:.0f} % of the decoder layers)")
+        self.keep(self.key, {"sensitivity": sens.to_dict()})
+        return sens, False
+
+    def measured_kl(self, mix: CodecConfig) -> float:
+        """The mix's KL on the calibration windows, from the store or measured now (and stored)."""
+        key = {**self.key, "unit": "mix", "mix": mix.spec} if self.key is not None else None
+        unit = self.stored(key)
+        if unit is not None:
+            return float(unit["measured_kl"])
+        ts, _ = cache_transforms([mix], self.workdir, self.model_name)
+        with torch.no_grad():
+            measured = measure_mix(self.load(), self.calibration_windows(), mix, ts)
+        self.keep(key, {"measured_kl": measured})
+        return measured
+
+
 def plan_mixes(load: Callable[[], Any], cfg: CalibrationConfig, budgets: list[float], cal: Calibration,
                length: int, workdir: Any, model_name: str, store: ResultsStore | None = None,
                identity: RunIdentity | None = None, say: Callable[..., None] = print, progress: bool = False,
@@ -99,52 +166,14 @@ def plan_mixes(load: Callable[[], Any], cfg: CalibrationConfig, budgets: list[fl
     t0 = time.perf_counter()
     codecs = resolve_candidates(cfg.candidates)
     key = sensitivity_key(identity, cal, cfg, codecs, length) if identity is not None else None
-    unit = store.get(unit_key(key)) if store is not None and key is not None else None
-    windows: list[Any] = []
-
-    def calibrate() -> list[Any]:
-        if not windows:
-            with torch.no_grad():
-                windows.extend(calibration_window(load(), cal.ids, s, length, cfg.targets) for s in cal.starts)
-        return windows
-
-    if unit is not None:
-        sens, reused = Sensitivity.from_dict(unit["sensitivity"]), True
-        say(f"Sensitivity: read from the results store ({cal.description})")
-    else:
-        say(f"Sensitivity of {len(codecs)} candidates ({', '.join(c.name for c in codecs)}) per layer and role "
-            f"on {cal.description}...")
-        ts, _ = cache_transforms(codecs, workdir, model_name)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(desc="sensitivity", unit="forward")
-        tick = (lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n))) if bar is not None else None
-        with torch.no_grad():
-            sens = measure_sensitivity(load(), calibrate(), codecs, ts, cal.description, tick)
-        if bar is not None:
-            bar.close()
-        reused = False
-        say(f"  {sens.forwards} suffix forwards in {sens.seconds:.1f} s "
-            f"(prefix reuse ran {100 * sens.layers_run:.0f} % of the decoder layers)")
-        if store is not None and key is not None:
-            store.put(key, {"sensitivity": sens.to_dict()})
+    run = _Planning(load, cfg, cal, length, workdir, model_name, store, key, say)
+    sens, reused = run.sensitivity(codecs, progress)
     result = BudgetResult(cfg.to_string(), sens, reused=reused)
     mixes = []
     for b in budgets:
         a = allocate(sens, b)
         mix = resolve_codec(a.spec)
-        mkey = {**key, "unit": "mix", "mix": mix.spec} if key is not None else None
-        munit = store.get(unit_key(mkey)) if store is not None and mkey is not None else None
-        if munit is not None:
-            measured = float(munit["measured_kl"])
-        else:
-            ts, _ = cache_transforms([mix], workdir, model_name)
-            with torch.no_grad():
-                measured = measure_mix(load(), calibrate(), mix, ts)
-            if store is not None and mkey is not None:
-                store.put(mkey, {"measured_kl": measured})
+        measured = run.measured_kl(mix)
         say(f"Budget {b:g} bits/element: {a.bits:.3f} stored, KL predicted {a.predicted_kl:.4f}, measured "
             f"{measured:.4f} on the calibration windows\n  --scheme '{mix.spec}'")
         result.mixes.append(MixCheck(a, measured))
