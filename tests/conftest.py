@@ -16,6 +16,7 @@ from kvlib.cache import TINYLLAMA_HEAD_DIM, TINYLLAMA_NUM_KV_HEADS, TINYLLAMA_NU
 
 REPO = Path(__file__).resolve().parent.parent
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
+TINY_WORDS = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +40,7 @@ def tiny_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(TINY_WORDS)}}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
@@ -58,6 +58,19 @@ def tiny_llama():
         max_position_embeddings=512,
     )
     return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, tiny_llama, tiny_tokenizer):
+    """The tiny Llama and tokenizer saved as a Hugging Face directory, and a corpus file of its words."""
+    import random
+
+    d = tmp_path_factory.mktemp("tiny")
+    tiny_llama.save_pretrained(d / "model")
+    tiny_tokenizer.save_pretrained(d / "model")
+    rng = random.Random(0)
+    (d / "corpus.txt").write_text(" ".join(rng.choice(TINY_WORDS) for _ in range(1400)))
+    return d
 
 
 @pytest.fixture(scope="session")

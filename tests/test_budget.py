@@ -113,18 +113,6 @@ def test_allocation_meets_the_budget_and_its_spec_reconstructs_the_mix(tiny_llam
         allocate(sens, 2.0)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_llama, tiny_tokenizer):
-    """The tiny Llama and tokenizer as a Hugging Face directory, and a corpus file of its words."""
-    d = tmp_path_factory.mktemp("tiny-budget")
-    tiny_llama.save_pretrained(d / "model")
-    tiny_tokenizer.save_pretrained(d / "model")
-    rng = random.Random(0)
-    words = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
-    (d / "corpus.txt").write_text(" ".join(rng.choice(words) for _ in range(1400)))
-    return d
-
-
 def test_sweep_with_a_budget_validates_the_mix_and_reuses_the_sensitivity(tiny_dir, tmp_path):
     from kvlib import budget_report
     from kvlib.sweep import run_sweep

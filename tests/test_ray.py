@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from test_store import numbers, sweep, tiny_dir  # noqa: F401  (the fixture)
+from test_store import numbers, sweep
 
 ray = pytest.importorskip("ray")
 

@@ -14,21 +14,7 @@ from kvlib import models
 from kvlib.store import ResultsStore, StoreError, unit_key
 from kvlib.sweep import run_sweep
 
-WORDS = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
 TIMING = ("seconds", "codec_time_ms", "processing_time_ms", "transform_seconds")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tiny_llama, tiny_tokenizer):
-    """The tiny Llama and tokenizer saved as a Hugging Face directory, and a corpus file."""
-    d = tmp_path_factory.mktemp("tiny")
-    tiny_llama.save_pretrained(d / "model")
-    tiny_tokenizer.save_pretrained(d / "model")
-    import random
-
-    rng = random.Random(0)
-    (d / "corpus.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(1400)))
-    return d
 
 
 def sweep(tiny_dir, store, schemes=("int4", "kivi2"), **kw):

@@ -32,17 +32,21 @@ func QuantizeGroup(x []float32, bits int, codes []int8) (uint16, error) {
 	if h&0x7c00 == 0x7c00 {
 		return 0, fmt.Errorf("%w (max |x| = %g)", ErrScaleOverflow, amax)
 	}
-	s := safetensors.FP16ToFloat32(h)
-	codes = codes[:len(x)]
+	symCodes(codes[:len(x)], x, safetensors.FP16ToFloat32(h), iqmax)
+	return h, nil
+}
+
+// symCodes writes the codes of x under the scale s: clamp(rne(x/s), -iqmax-1,
+// iqmax), or zeros where s is 0. |x/s| stays far below 2^22, where
+// roundMagic is exact: s is max |x| over at least 2^(b-1)-1, rounded.
+func symCodes(codes []int8, x []float32, s float32, iqmax int32) {
 	if s == 0 {
 		for i := range codes {
 			codes[i] = 0
 		}
-		return h, nil
+		return
 	}
-	// |v/s| <= qmax * (scale/s) stays far below 2^22, where roundMagic is exact.
 	quantSym(codes, x, s, iqmax)
-	return h, nil
 }
 
 // DequantizeGroup writes codes * s into dst.

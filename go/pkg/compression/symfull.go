@@ -41,14 +41,6 @@ func QuantizeGroupFull(x []float32, bits int, codes []int8) (uint16, error) {
 	if h&0x7fff == 0 { // -0 would restore a zero group as -0
 		h = 0
 	}
-	s := safetensors.FP16ToFloat32(h)
-	codes = codes[:len(x)]
-	if s == 0 {
-		for i := range codes {
-			codes[i] = 0
-		}
-		return h, nil
-	}
-	quantSym(codes, x, s, iqmax) // |x/s| <= 2^(b-1) * (scale/s): far below 2^22
+	symCodes(codes[:len(x)], x, safetensors.FP16ToFloat32(h), iqmax)
 	return h, nil
 }
