@@ -142,14 +142,19 @@ def _recording(layers: Any, outputs: list[Any]) -> Iterator[None]:
 
 @contextmanager
 def _replaying(layers: Any, outputs: list[Any], upto: int) -> Iterator[None]:
-    """Layers before ``upto`` return their recorded outputs instead of computing them."""
+    """Layers before ``upto`` return their recorded outputs instead of computing them (a forward
+    already set on the instance, as accelerate's hooks set one, is put back after)."""
+    own = [layers[i].__dict__.get("forward") for i in range(upto)]
     for i in range(upto):
         layers[i].forward = lambda *a, _out=outputs[i], **k: _out
     try:
         yield
     finally:
         for i in range(upto):
-            del layers[i].forward
+            if own[i] is None:
+                del layers[i].forward
+            else:
+                layers[i].forward = own[i]
 
 
 def calibration_window(model: Any, ids: torch.Tensor, begin: int, length: int, targets: int) -> CalibrationWindow:

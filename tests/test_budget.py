@@ -73,6 +73,21 @@ def test_prefix_reuse_gives_the_same_bits(tiny_llama, calibrated):
         assert score_variant(tiny_llama, w, list(exact), 7) == 0.0  # nothing compressed: exactly nothing lost
 
 
+def test_replay_puts_back_a_forward_set_on_the_instance(tiny_llama, calibrated):
+    windows, _, _, _ = calibrated
+    layer = tiny_llama.get_decoder().layers[0]
+    wrapped = layer.forward  # the bound class method, as accelerate's hooks wrap it
+    layer.forward = lambda *a, **k: wrapped(*a, **k)
+    hook = layer.forward
+    try:
+        with torch.no_grad():
+            score_variant(tiny_llama, windows[0], cache_layers(windows[0].context), 3)
+        assert layer.__dict__["forward"] is hook
+    finally:
+        del layer.forward
+    assert "forward" not in layer.__dict__
+
+
 def test_sensitivity_table_is_complete_and_ordered(calibrated):
     windows, codecs, _, sens = calibrated
     assert sens.num_layers == 22 and sens.names == ["lm2rot", "lm4rot", "q8_0"]
