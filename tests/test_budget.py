@@ -172,3 +172,18 @@ def test_cli_rejects_a_bad_budget_or_calibration(capsys):
                         (["--quick-test", "--sensitivity"], "need a model")):
         assert main(argv) == 2
         assert words in capsys.readouterr().err
+
+
+def test_budget_weighs_slots_by_their_elements():
+    """A sliding-window layer's tensors hold fewer tokens: its bits weigh less in the average."""
+    # Layer 1 holds a quarter of layer 0's elements; lm2rot stores 2.25 bits, rot4 4.25.
+    elements = [[1024, 1024], [256, 256]]
+    sizes = {"lm2rot": [[288, 288], [72, 72]], "rot4": [[544, 544], [136, 136]]}
+    kl = [[[1.0, 0.0], [0.9, 0.0]], [[0.5, 0.0], [0.4, 0.0]]]  # rot4 removes the whole cost
+    specs = [resolve_codec(n).spec for n in ("lm2rot", "rot4")]
+    sens = Sensitivity(candidates=specs, names=["lm2rot", "rot4"], kl=kl, elements=elements, calibration="synthetic",
+                       stored_bytes=[[[sizes["lm2rot"][la][r], sizes["rot4"][la][r]] for r in range(2)] for la in range(2)],
+                       targets=1)
+    a = allocate(sens, 3.25)  # 1040 bytes: layer 0's keys (+256) and layer 1's keys (+64) fit, nothing more
+    assert a.choice == ((1, 0), (1, 0)) and a.bits == pytest.approx(3.25) and a.predicted_kl == pytest.approx(1.3)
+    assert resolve_codec(a.spec).scheme_for(1, "key") == resolve_codec("rot4").key
