@@ -244,6 +244,44 @@ def shared_server() -> CodecServer | None:
     return _shared
 
 
+class OutputPool:
+    """The output buffers of the transforms that read one context, shared: memory follows the
+    reconstructions alive at once, not the number of schemes (a decoding check that calls the
+    schemes one by one needs one buffer, not one per scheme).
+
+    ``take`` returns a buffer that no tensor views and no copy still reads, of the size asked
+    (resized if not); else a new one while fewer than ``limit`` exist (each transform adds
+    ServerCacheRoundtrip.BUFFERS to it, so a window's reconstructions of every scheme and the next
+    window's fit); else the one written longest ago. ``busy``: the buffers already taken for the
+    request being made."""
+
+    def __init__(self) -> None:
+        self.segments: list[SharedSegment] = []  # least recently taken first
+        self.limit = 0
+
+    def take(self, size: int, cuda: bool, busy: list[SharedSegment]) -> SharedSegment:
+        idle = [seg for seg in self.segments if not any(seg is b for b in busy)]
+        free = [seg for seg in idle if not seg.viewed() and seg.fence.done()]
+        pick = next((seg for seg in free if seg.size == size and seg.for_cuda == cuda), free[0] if free else None)
+        if pick is None and len(self.segments) >= self.limit and idle:
+            pick = idle[0]
+        if pick is not None:
+            self.segments.remove(pick)
+            pick.fence.wait()  # the copies out of its last reconstruction are done
+            if pick.size != size or pick.for_cuda != cuda:
+                pick.close()
+                pick = SharedSegment(size, "kvlib-restored", pinned=cuda)
+        else:
+            pick = SharedSegment(size, "kvlib-restored", pinned=cuda)
+        self.segments.append(pick)
+        return pick
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+        self.segments = []
+
+
 class SharedContext:
     """The context cache in shared memory: each window's written once, whichever schemes read it
     (the shared-memory counterpart of bridge.ContextFile, with the same ``slots``)."""
@@ -252,6 +290,7 @@ class SharedContext:
         self.model_name, self.slots = model_name, slots
         self._held: list[tuple[Any, SharedSegment, list[dict[str, Any]], dict[str, str]]] = []
         self.writes = 0
+        self.outputs = OutputPool()  # the reconstructions' buffers, shared by the schemes reading this context
 
     def segment_for(self, cache: Any) -> tuple[SharedSegment, list[dict[str, Any]], dict[str, str]]:
         for held, seg, refs, meta in self._held:
@@ -284,12 +323,13 @@ class ServerCacheRoundtrip:
     """A cache transform through the codec server: ``transform(cache) -> (cache, CompressionMetrics)``,
     the same reconstruction and metrics as ``bridge.CLICacheRoundtrip`` to the bit.
 
-    On CPU the returned cache's tensors view an output buffer: a call writes into one that no
-    tensor views any more, a second one while the last call's reconstruction is still in use (one
-    window's scored while the next window's is made), or else the one written longest ago. On
-    CUDA the buffer is pinned and the tensors are device copies queued without blocking on the
-    current stream (stream order makes them ready for the model); a buffer is not rewritten
-    before its copies are done."""
+    On CPU the returned cache's tensors view an output buffer, taken from the context's
+    ``OutputPool`` that every scheme reading the context shares: one that no tensor views any
+    more, a new one while the pool holds fewer than BUFFERS per scheme (one window's
+    reconstructions scored while the next window's are made), or else the one written longest
+    ago. On CUDA the buffer is pinned and the tensors are device copies queued without blocking
+    on the current stream (stream order makes them ready for the model); a buffer is not
+    rewritten before its copies are done."""
 
     BUFFERS = 2
 
@@ -297,27 +337,10 @@ class ServerCacheRoundtrip:
                  context: SharedContext | None = None) -> None:
         self.server, self.codec, self.model_name = server, resolve_codec(codec), model_name
         self.context = context or SharedContext(model_name)
-        self.outs: list[SharedSegment | None] = [None] * self.BUFFERS
-        self._last = self.BUFFERS - 1
+        self.context.outputs.limit += self.BUFFERS
+        self.out: SharedSegment | None = None  # the output buffer of the last call
         self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
         self.calls = 0
-
-    @property
-    def out(self) -> SharedSegment | None:
-        """The output buffer of the last call."""
-        return self.outs[self._last]
-
-    def _next_out(self, size: int, cuda: bool) -> SharedSegment:
-        free = [i for i, seg in enumerate(self.outs) if seg is None or not seg.viewed()]
-        i = self._last = free[0] if free else (self._last + 1) % self.BUFFERS
-        seg = self.outs[i]
-        if seg is not None:
-            seg.fence.wait()  # the copies out of its last reconstruction are done
-        if seg is None or seg.size != size or cuda != seg.for_cuda:
-            if seg is not None:
-                seg.close()
-            seg = self.outs[i] = SharedSegment(size, "kvlib-restored", pinned=cuda)
-        return seg
 
     @property
     def batch_with(self) -> tuple[int, int]:
@@ -337,7 +360,10 @@ class ServerCacheRoundtrip:
         t0 = time.perf_counter()
         seg, refs, meta = ts[0].context.segment_for(cache)
         cuda = k0.is_cuda
-        outs = [t._next_out(seg.size, cuda) for t in ts]
+        outs: list[SharedSegment] = []
+        for t in ts:
+            t.out = ts[0].context.outputs.take(seg.size, cuda, outs)
+            outs.append(t.out)
         t1 = time.perf_counter()
         resp = ts[0].server.request({"op": "roundtrip", "input": seg.segment(), "metadata": meta, "tensors": refs,
                                      "schemes": [{"args": t.codec.cli_args(), "output": o.segment()}

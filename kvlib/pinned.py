@@ -93,3 +93,7 @@ class CopyFence:
         if self._event is not None:
             self._event.synchronize()
             self._event = None
+
+    def done(self) -> bool:
+        """Whether no copy marked on it is still running (always on CPU)."""
+        return self._event is None or bool(self._event.query())

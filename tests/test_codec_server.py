@@ -239,10 +239,32 @@ def test_a_reconstruction_in_use_is_not_overwritten(server):
     next call writes into a second buffer; once released, the first buffer is used again."""
     t = ServerCacheRoundtrip(server, "int4", "m")
     a, _ = t(random_cache(seed=1))
+    first = t.out
     keep = [x.clone() for x in cache_layers(a)[0]]
     b, _ = t(random_cache(seed=2))
     assert all(torch.equal(x, y) for x, y in zip(cache_layers(a)[0], keep))
-    assert t.out is t.outs[1]
+    second = t.out
+    assert second is not first
     del a
     t(random_cache(seed=3))
-    assert t.out is t.outs[0]
+    assert t.out is first
+
+
+def test_schemes_reading_one_context_share_their_buffers(server):
+    """Schemes called one after another on one context reuse one output buffer between them, so
+    memory follows the reconstructions alive at once, not the number of schemes; while all are
+    alive, each has its own; and at the pool's limit the oldest is written again."""
+    ctx = SharedContext("m")
+    ts = [ServerCacheRoundtrip(server, s, "m", context=ctx) for s in ("int4", "q8_0", "kivi4", "rot3")]
+    cache = random_cache(seed=4)
+    for t in ts:
+        rec, _ = t(cache)
+        del rec
+    assert len(ctx.outputs.segments) == 1 and all(t.out is ts[0].out for t in ts)
+    held = [t(cache)[0] for t in ts]
+    assert len({id(t.out) for t in ts}) == 4 == len(ctx.outputs.segments)
+    oldest = ts[0].out
+    ctx.outputs.limit = 4  # full: the next call takes the buffer written longest ago, viewed or not
+    ts[2](cache)
+    assert ts[2].out is oldest and len(ctx.outputs.segments) == 4
+    del held
