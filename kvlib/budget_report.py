@@ -74,7 +74,7 @@ def plot_allocation(result: SweepResult | dict[str, Any]) -> Figure | None:
         ax.set_xticks(x[:: max(1, nl // 30)])
         ax.set_title(f"{MIX_PREFIX}{m['budget']:g}: {m['bits']:.3f} bits/element stored; KL predicted "
                      f"{m['predicted_kl']:.4f}, measured {m['measured_kl']:.4f}", fontsize=10)
-        ax.legend(loc="upper right", fontsize=8, ncol=3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8)
     axes[-1, 0].set_xlabel("layer")
     levels = sorted({round(float(v), 3) for v in bits.reshape(-1)})
     alt = (f"Allocation per layer for {len(mixes)} budget(s); candidate sizes {levels} bits/element. "

@@ -420,12 +420,19 @@ def run_sweep(
 
 def renamed(d: Any, names: dict[str, str]) -> Any:
     """``d`` (a check's JSON-able result) with the schemes' names replaced as ``names`` says, in
-    keys and values alike: mixed schemes are shown as mix@BUDGET, not as their long specs."""
+    keys, values and sentences alike: mixed schemes are shown as mix@BUDGET, not as their long
+    specs."""
     if isinstance(d, dict):
         return {names.get(k, k) if isinstance(k, str) else k: renamed(v, names) for k, v in d.items()}
     if isinstance(d, list):
         return [renamed(v, names) for v in d]
-    return names.get(d, d) if isinstance(d, str) else d
+    if isinstance(d, str):  # a name, or a sentence naming schemes (a check's summary)
+        if d in names:
+            return names[d]
+        for long, short in sorted(names.items(), key=lambda kv: -len(kv[0])):
+            if "=" in long:  # a per-layer spec cannot be part of another name
+                d = d.replace(long, short)
+    return d
 
 
 def _geometry(store: ResultsStore | None, identity: RunIdentity, load: Any) -> dict[str, Any]:
