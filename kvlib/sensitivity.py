@@ -116,6 +116,7 @@ class CalibrationWindow:
     context: Any  # the context's cache (a DynamicCache in the model's layout)
     suffix: torch.Tensor  # [1, targets + 1]: the last context token, then the targets
     logp: torch.Tensor  # [targets, vocab] exact log-probabilities
+    p: torch.Tensor | None = None  # their exp, computed once for every variant's KL
     layer_outputs: list[Any] = field(default_factory=list)  # each decoder layer's output on the suffix
 
 
@@ -169,6 +170,7 @@ def calibration_window(model: Any, ids: torch.Tensor, begin: int, length: int, t
     w.layer_outputs = [None] * (len(layers) if layers is not None else 0)
     with _recording(layers if layers is not None else [], w.layer_outputs):
         w.logp = _suffix_logp(model, w, cache_layers(ctx))
+    w.p = w.logp.exp()
     return w
 
 
@@ -178,9 +180,11 @@ def _suffix_logp(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Tens
     return F.log_softmax(out.logits[0, :-1].float(), dim=-1)
 
 
-def mean_kl(logp_exact: torch.Tensor, logp: torch.Tensor) -> float:
-    """Mean over targets of KL(exact || other), nats (>= 0 per target up to rounding)."""
-    return float((logp_exact.exp() * (logp_exact - logp)).sum(-1).clamp_min(0).double().mean())
+def mean_kl(logp_exact: torch.Tensor, logp: torch.Tensor, p_exact: torch.Tensor | None = None) -> float:
+    """Mean over targets of KL(exact || other), nats (>= 0 per target up to rounding);
+    ``p_exact`` is logp_exact.exp() when the caller has it."""
+    p = logp_exact.exp() if p_exact is None else p_exact
+    return float((p * (logp_exact - logp)).sum(-1).clamp_min(0).double().mean())
 
 
 def score_variant(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Tensor, torch.Tensor]],
@@ -189,9 +193,9 @@ def score_variant(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Ten
     replaying the recorded outputs of the decoder layers before ``first_changed``."""
     dec = decoder_layers(model, len(layers)) if first_changed > 0 and w.layer_outputs else None
     if dec is None:
-        return mean_kl(w.logp, _suffix_logp(model, w, layers))
+        return mean_kl(w.logp, _suffix_logp(model, w, layers), w.p)
     with _replaying(dec, w.layer_outputs, first_changed):
-        return mean_kl(w.logp, _suffix_logp(model, w, layers))
+        return mean_kl(w.logp, _suffix_logp(model, w, layers), w.p)
 
 
 def reconstructions(w: CalibrationWindow, transforms: dict[str, Any]) -> dict[str, tuple[list, dict[str, int]]]:
