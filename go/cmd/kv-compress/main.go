@@ -11,6 +11,7 @@
 //	kv-compress metrics    -input kv.safetensors [-scheme ...]
 //	kv-compress check      -scheme SPEC    (validate and print the canonical scheme)
 //	kv-compress schemes                    (list the presets)
+//	kv-compress gates                      (the quality levels and default gates)
 //	kv-compress serve                      (a long-lived codec: framed requests on stdin, see serve.go)
 //
 // Exit status: 0 success, 1 quality gates failed (output and JSON are still
@@ -24,7 +25,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log"
 	"math"
 	"os"
 	"path/filepath"
@@ -32,7 +32,6 @@ import (
 	"time"
 
 	"kvlib/pkg/compression"
-	"kvlib/pkg/safetensors"
 )
 
 const (
@@ -40,25 +39,6 @@ const (
 	exitQuality = 1
 	exitError   = 2
 )
-
-const usage = `usage: kv-compress COMMAND -input FILE [-output FILE] [flags]
-
-commands:
-  compress    quantize and pack -input into the kvq layout at -output
-  decompress  restore a kvq file at -input to its source dtypes at -output
-  roundtrip   compress and restore in one go; -output is the restored cache
-  metrics     compress in memory and print the metrics; writes nothing
-  check       validate -scheme (and -bits, -group-size, -sparsity) and print it
-  schemes     list the preset schemes
-  serve       answer round-trip requests on stdin/stdout, tensors in shared memory (see serve.go)
-
--scheme takes a preset (int4 int8 asym4 kivi4 kivi2 rot4 q4_0 q4_1 q5_0
-q5_1 q8_0) or a spec such as k=asym4/g64/channel,v=asym4/g64 (see README).
-
-Each command prints one JSON object on stdout. Exit status: 0 success,
-1 quality gates failed (output still written), 2 bad usage or bad input.
-Run 'kv-compress COMMAND -h' for the flags.
-`
 
 // stdin is what serve reads (tests replace it).
 var stdin io.Reader = os.Stdin
@@ -72,6 +52,9 @@ type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
 
+// run is kv-compress with the arguments args: it looks the command up in
+// commands (compress when args start with a flag), runs it and prints its
+// JSON, or one line on stderr, and returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "kv-compress: a command is required (kv-compress -h for usage)")
@@ -79,21 +62,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
+		printUsage(stdout)
 		return exitOK
 	}
-	if args[0] == "serve" {
-		if len(args) > 1 {
-			fmt.Fprintf(stderr, "kv-compress serve: takes no flags (the schemes come with each request)\n")
-			return exitError
-		}
-		return serve(stdin, stdout, stderr)
+	name := "compress" // the design documents call the CLI with flags alone
+	if !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
 	}
-	cmd := "compress" // the design documents call the CLI with flags alone
-	if args[0][0] != '-' {
-		cmd, args = args[0], args[1:]
+	cmd := lookup(name)
+	if cmd != nil && cmd.main != nil {
+		return cmd.main(args, stdout, stderr)
 	}
-	rep, err := safeDispatch(cmd, args, stderr)
+	rep, err := safeDispatch(cmd, name, args, stderr)
 	if err == nil {
 		var js []byte
 		if js, err = encodeJSON(rep); err == nil {
@@ -109,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if errors.As(err, &ue) {
 			msg += " (kv-compress -h for usage)"
 		}
-		fmt.Fprintf(stderr, "kv-compress %s: %s\n", cmd, msg)
+		fmt.Fprintf(stderr, "kv-compress %s: %s\n", name, msg)
 		return exitError
 	}
 	if r, ok := rep.(*compression.Report); ok && !r.Passed {
@@ -134,6 +114,7 @@ type config struct {
 	input, output string
 	cfg           compression.Config
 	verbose       bool
+	start         time.Time // when the command began, flags included
 }
 
 // schemeFlags are the flags that choose the scheme: -scheme, then -bits,
@@ -182,7 +163,10 @@ func (sf *schemeFlags) spec(set map[string]bool) (compression.Spec, error) {
 	return s.Canonical(), s.Validate()
 }
 
-func parseFlags(cmd string, args []string, stderr io.Writer, needInput, needOutput, quantizes bool) (*config, error) {
+// parseFlags parses the flags of the groups given; an error is a
+// usageError, or flag.ErrHelp after the flags' help went to stderr.
+func parseFlags(cmd string, args []string, stderr io.Writer, groups flagGroup) (*config, error) {
+	needInput, needOutput, quantizes := groups&inputFlag != 0, groups&outputFlag != 0, groups&quantizeFlags != 0
 	fs := flag.NewFlagSet("kv-compress "+cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // a bad flag is one line from run, not a usage dump
 	fs.Usage = func() {}
@@ -201,8 +185,10 @@ func parseFlags(cmd string, args []string, stderr io.Writer, needInput, needOutp
 		fs.Float64Var(&th.MinSNRDB, "min-snr", th.MinSNRDB, "quality gate: SNR in dB must be above this")
 		fs.Float64Var(&th.MinCosine, "min-cosine", th.MinCosine, "quality gate: cosine similarity must be above this")
 	}
-	fs.IntVar(&c.cfg.Workers, "workers", 0, fmt.Sprintf("goroutines, 0 to %d (0: one per CPU)", compression.MaxWorkers))
-	fs.BoolVar(&c.verbose, "verbose", false, "log progress on stderr")
+	if groups&runFlags != 0 {
+		fs.IntVar(&c.cfg.Workers, "workers", 0, fmt.Sprintf("goroutines, 0 to %d (0: one per CPU)", compression.MaxWorkers))
+		fs.BoolVar(&c.verbose, "verbose", false, "log progress on stderr")
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
@@ -251,105 +237,28 @@ func sameFile(a, b string) bool {
 
 // safeDispatch is dispatch with a panic turned into an error: a bug must
 // still end as one line and exit 2, not a stack trace.
-func safeDispatch(cmd string, args []string, stderr io.Writer) (rep any, err error) {
+func safeDispatch(cmd *command, name string, args []string, stderr io.Writer) (rep any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			rep, err = nil, fmt.Errorf("internal error: %v", r)
 		}
 	}()
-	return dispatch(cmd, args, stderr)
+	return dispatch(cmd, name, args, stderr)
 }
 
-// dispatch runs one command and returns what it prints: a
-// *compression.Report, or for check and schemes a description of schemes.
-func dispatch(cmd string, args []string, stderr io.Writer) (any, error) {
+// dispatch parses cmd's flags and runs it; cmd is nil when no command is
+// called name.
+func dispatch(cmd *command, name string, args []string, stderr io.Writer) (any, error) {
 	start := time.Now()
-	var (
-		c   *config
-		err error
-	)
-	switch cmd {
-	case "compress", "roundtrip":
-		c, err = parseFlags(cmd, args, stderr, true, true, true)
-	case "metrics":
-		c, err = parseFlags(cmd, args, stderr, true, false, true)
-	case "decompress":
-		c, err = parseFlags(cmd, args, stderr, true, true, false)
-	case "check":
-		c, err = parseFlags(cmd, args, stderr, false, false, true)
-		if err != nil {
-			return nil, err
-		}
-		return compression.SchemeReport(cmd, c.cfg.Spec), nil
-	case "schemes":
-		if _, err := parseFlags(cmd, args, stderr, false, false, false); err != nil {
-			return nil, err
-		}
-		return compression.PresetsReport(), nil
-	default:
-		return nil, usageError{fmt.Sprintf("unknown command %q", cmd)}
+	if cmd == nil {
+		return nil, usageError{fmt.Sprintf("unknown command %q", name)}
 	}
+	c, err := parseFlags(cmd.name, args, stderr, cmd.flags)
 	if err != nil {
 		return nil, err
 	}
-	logf := func(format string, a ...any) {}
-	if c.verbose {
-		lg := log.New(stderr, "kv-compress: ", log.Lmicroseconds)
-		logf = lg.Printf
-	}
-
-	logf("reading %s", c.input)
-	src, err := safetensors.ReadFile(c.input)
-	if err != nil {
-		return nil, err
-	}
-	logf("read %d tensors", len(src.Tensors))
-
-	var rep *compression.Report
-	var toWrite *safetensors.File
-	codecStart := time.Now()
-	if cmd == "decompress" {
-		restored, hdr, err := compression.Decompress(src, c.cfg.Workers)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.input, err)
-		}
-		rep = compression.DecompressReport(src, restored, hdr)
-		toWrite = restored
-	} else {
-		compress := compression.Measure // the reconstruction's bytes are only written by roundtrip
-		if cmd == "roundtrip" {
-			compress = compression.Compress
-		}
-		res, err := compress(src, c.cfg)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.input, err)
-		}
-		rep = res.Report
-		toWrite = res.Compressed
-		if cmd == "roundtrip" {
-			toWrite = res.Restored
-		}
-		if cmd == "metrics" {
-			toWrite = nil
-		}
-	}
-	rep.CodecTimeMS = ms(time.Since(codecStart))
-	logf("codec done in %.1f ms: rmse %.6g, snr %.2f dB", rep.CodecTimeMS, float64(rep.RMSE), float64(rep.SNRDB))
-	rep.Command, rep.Input = cmd, c.input
-	if toWrite != nil {
-		rep.Output = c.output
-		// The report must encode before the output is committed: exit 2
-		// always means nothing was written.
-		if _, err := encodeJSON(rep); err != nil {
-			return nil, err
-		}
-		if err := safetensors.WriteFile(c.output, toWrite); err != nil {
-			return nil, err
-		}
-		logf("wrote %s", c.output)
-	}
-	rep.ProcessingTimeMS = ms(time.Since(start))
-	return rep, nil
+	c.start = start
+	return cmd.run(cmd.name, c, stderr)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -256,7 +256,7 @@ func (s *server) roundtrip(q *Request, stderr io.Writer) ([]*compression.Report,
 	reps := make([]*compression.Report, len(q.Schemes))
 	for i, job := range q.Schemes {
 		field := fmt.Sprintf("schemes[%d]", i)
-		c, err := parseFlags("roundtrip", job.Args, stderr, false, false, true)
+		c, err := parseFlags("roundtrip", job.Args, stderr, quantizeFlags|runFlags)
 		if err != nil {
 			return nil, &RequestError{field + ".args", err.Error()}
 		}

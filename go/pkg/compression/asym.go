@@ -1,6 +1,7 @@
 package compression
 
 import (
+	"errors"
 	"fmt"
 
 	"kvlib/pkg/safetensors"
@@ -39,6 +40,21 @@ func QuantizeGroupAsym(x []float32, bits int, codes []int8) (scale, zero uint16,
 	}
 	quantAsym(codes, x, m, s, qmax)
 	return scale, zero, nil
+}
+
+// encodeAsym and decodeAsym are asym's entries in methods: group gi's
+// FP16 scale and zero point, and its codes in q.
+func (j *tensorJob) encodeAsym(x []float32, q []int8, gi int) (err error) {
+	j.scales[gi], j.zeros[gi], err = QuantizeGroupAsym(x, j.l.s.Bits, q)
+	return err
+}
+
+func (j *tensorJob) decodeAsym(y []float32, q []int8, gi int) error {
+	if j.scales[gi]&0x7c00 == 0x7c00 || j.zeros[gi]&0x7c00 == 0x7c00 {
+		return errors.New("scale or zero point is not finite")
+	}
+	DequantizeGroupAsym(y, q, j.l.s.Bits, j.scales[gi], j.zeros[gi])
+	return nil
 }
 
 // DequantizeGroupAsym writes float32(q*s) + m into dst; codes hold the

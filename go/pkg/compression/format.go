@@ -103,7 +103,7 @@ func readFile(f *safetensors.File, workers int) (*Header, []*stored, error) {
 	parts := make([]*stored, len(h.Tensors))
 	for i, ti := range h.Tensors {
 		if parts[i], err = checkStored(view, ti); err != nil {
-			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+			return nil, nil, &TensorError{Tensor: ti.Name, Err: err}
 		}
 	}
 	return h, parts, nil
@@ -130,7 +130,7 @@ func rawPartSize(ti TensorInfo, suffix string) (int, error) {
 	switch {
 	case suffix == CodesSuffix:
 		return l.codeBytes(), nil
-	case suffix == ScalesSuffix && !ti.Scheme.Method.IsGGML(), suffix == ZerosSuffix && ti.Scheme.Method == Asym:
+	case suffix == ScalesSuffix && l.q.packed(), suffix == ZerosSuffix && l.q.zeros:
 		return 2 * l.groups, nil
 	}
 	return 0, fmt.Errorf("lossless part %q does not exist for scheme %s", suffix, ti.Scheme)
@@ -164,11 +164,11 @@ func parseHeader(f *safetensors.File) (*Header, error) {
 	seen := map[string]bool{}
 	for _, ti := range h.Tensors {
 		if seen[ti.Name] {
-			return nil, fmt.Errorf("tensor %q: recorded twice in %s", ti.Name, metaTensors)
+			return nil, tensorErrorf(ti.Name, "recorded twice in %s", metaTensors)
 		}
 		seen[ti.Name] = true
 		if !ti.DType.IsFloat() { // shapes and schemes are checked with the stored parts
-			return nil, fmt.Errorf("tensor %q: source dtype %q is not F32, F16 or BF16", ti.Name, ti.DType)
+			return nil, tensorErrorf(ti.Name, "source dtype %q is not F32, F16 or BF16", ti.DType)
 		}
 	}
 	return h, nil
@@ -243,13 +243,13 @@ func checkStored(f *safetensors.File, ti TensorInfo) (*stored, error) {
 	if err := want(s.codes, CodesSuffix, safetensors.U8, l.codeBytes()); err != nil {
 		return nil, err
 	}
-	if !ti.Scheme.Method.IsGGML() {
+	if l.q.packed() {
 		s.scales = f.Tensor(ti.Name + ScalesSuffix)
 		if err := want(s.scales, ScalesSuffix, safetensors.F16, 2*l.groups); err != nil {
 			return nil, err
 		}
 	}
-	if ti.Scheme.Method == Asym {
+	if l.q.zeros {
 		s.zeros = f.Tensor(ti.Name + ZerosSuffix)
 		if err := want(s.zeros, ZerosSuffix, safetensors.F16, 2*l.groups); err != nil {
 			return nil, err

@@ -27,20 +27,11 @@ type ggmlType struct {
 	hasMin    bool
 }
 
-// ggmlInfo describes type m (ok false for other methods). A switch, not a
-// map: it runs once per block.
+// ggmlInfo describes type m, from its entry in methods (ok false for
+// other methods).
 func ggmlInfo(m Method) (t ggmlType, ok bool) {
-	switch m {
-	case Q4_0:
-		return ggmlType{4, 18, false}, true
-	case Q4_1:
-		return ggmlType{4, 20, true}, true
-	case Q5_0:
-		return ggmlType{5, 22, false}, true
-	case Q5_1:
-		return ggmlType{5, 24, true}, true
-	case Q8_0:
-		return ggmlType{8, 34, false}, true
+	if q := quantizerOf(m); q != nil && !q.packed() {
+		return *q.block, true
 	}
 	return ggmlType{}, false
 }
@@ -161,6 +152,18 @@ var spreadBits = func() (t [256]uint64) {
 	}
 	return t
 }()
+
+// encodeBlock and decodeBlock are the block types' entries in methods:
+// block gi of the job's codes.
+func (j *tensorJob) encodeBlock(x []float32, _ []int8, gi int) error {
+	bb := j.l.q.block.blockSize
+	return QuantizeBlockGGML(j.l.s.Method, x, j.codes[gi*bb:(gi+1)*bb])
+}
+
+func (j *tensorJob) decodeBlock(y []float32, _ []int8, gi int) error {
+	bb := j.l.q.block.blockSize
+	return DequantizeBlockGGML(j.l.s.Method, j.codes[gi*bb:(gi+1)*bb], y)
+}
 
 // DequantizeBlockGGML decodes one block of type m from src into 32 values.
 // A non-finite scale or minimum is an error.

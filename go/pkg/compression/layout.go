@@ -23,6 +23,7 @@ import (
 // byte and, along the token axis, on a group.
 type layout struct {
 	s                 Scheme
+	q                 *quantizer // s.Method's entry in methods
 	n                 int
 	fourD             bool
 	b, h, t, d        int
@@ -39,7 +40,10 @@ type layout struct {
 const chunkTarget = 1 << 14
 
 func newLayout(shape []int, s Scheme) (*layout, error) {
-	l := &layout{s: s, n: product(shape), fourD: len(shape) == 4}
+	l := &layout{s: s, q: quantizerOf(s.Method), n: product(shape), fourD: len(shape) == 4}
+	if l.q == nil {
+		return nil, fmt.Errorf("unknown method %q", s.Method)
+	}
 	if s.needs4D() && !l.fourD {
 		return nil, fmt.Errorf("scheme %s needs a 4-D [batch, heads, tokens, head_dim] tensor, shape is %v", s, shape)
 	}
@@ -66,7 +70,7 @@ func newLayout(shape []int, s Scheme) (*layout, error) {
 		l.units = 0
 	}
 	l.nq = l.unitQ * l.units
-	if s.Method.IsGGML() && l.nq%GGMLBlock != 0 {
+	if !l.q.packed() && l.nq%GGMLBlock != 0 {
 		return nil, fmt.Errorf("%s needs a multiple of %d quantized elements, tensor has %d", s.Method, GGMLBlock, l.nq)
 	}
 	switch {
@@ -131,8 +135,8 @@ func (l *layout) chunk(c int) (u0, u1, nlo, nhi, qlo, qhi int) {
 
 // codeBytes is the size of the stored codes (packed, or ggml blocks).
 func (l *layout) codeBytes() int {
-	if l.s.Method.IsGGML() {
-		return l.nq / GGMLBlock * GGMLBlockBytes(l.s.Method)
+	if !l.q.packed() {
+		return l.nq / GGMLBlock * l.q.block.blockSize
 	}
 	return PackedLen(l.nq, l.s.Bits)
 }

@@ -189,6 +189,21 @@ func QuantizeGroupLM(x []float32, bits int, codes []int8) (uint16, error) {
 	return best, nil
 }
 
+// encodeLM and decodeLM are lm's entries in methods: group gi's FP16
+// scale, and its level indices in q.
+func (j *tensorJob) encodeLM(x []float32, q []int8, gi int) (err error) {
+	j.scales[gi], err = QuantizeGroupLM(x, j.l.s.Bits, q)
+	return err
+}
+
+func (j *tensorJob) decodeLM(y []float32, q []int8, gi int) error {
+	if j.scales[gi]&0x7c00 == 0x7c00 {
+		return errScaleNotFinite
+	}
+	DequantizeGroupLM(y, q, j.l.s.Bits, j.scales[gi])
+	return nil
+}
+
 // DequantizeGroupLM writes float32(L[q] * s) into dst; codes hold the
 // level indices in their low bits (as Unpack leaves them, sign-extended).
 func DequantizeGroupLM(dst []float32, codes []int8, bits int, scale uint16) {

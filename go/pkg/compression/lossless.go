@@ -5,7 +5,6 @@ import (
 	"compress/flate"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 
 	"kvlib/pkg/safetensors"
@@ -160,18 +159,18 @@ func inflateStored(f *safetensors.File, infos []TensorInfo, rawSize func(ti Tens
 			name := ti.Name + suffix
 			ct, ot := f.Tensor(name), f.Tensor(name+ChunksSuffix)
 			if ct == nil || ot == nil || ct.DType != safetensors.U8 || ot.DType != safetensors.U64 {
-				return nil, fmt.Errorf("tensor %q: %w: want %s (U8) and %s%s (U64)", ti.Name, ErrLossless, suffix, suffix, ChunksSuffix)
+				return nil, tensorErrorf(ti.Name, "%w: want %s (U8) and %s%s (U64)", ErrLossless, suffix, suffix, ChunksSuffix)
 			}
 			size, err := rawSize(ti, suffix)
 			if err != nil {
-				return nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+				return nil, &TensorError{Tensor: ti.Name, Err: err}
 			}
 			n := 0
 			if size > 0 {
 				n = (size-1)/LosslessChunk + 1
 			}
 			if len(ot.Data) != 8*n {
-				return nil, fmt.Errorf("tensor %q: %w: %s%s holds %d offsets, want %d for %d bytes", ti.Name, ErrLossless, suffix, ChunksSuffix, len(ot.Data)/8, n, size)
+				return nil, tensorErrorf(ti.Name, "%w: %s%s holds %d offsets, want %d for %d bytes", ErrLossless, suffix, ChunksSuffix, len(ot.Data)/8, n, size)
 			}
 			p := &part{name: name, suffix: suffix, coded: ct.Data, offsets: make([]uint64, n)}
 			var prev uint64
@@ -179,16 +178,16 @@ func inflateStored(f *safetensors.File, infos []TensorInfo, rawSize func(ti Tens
 				end := binary.LittleEndian.Uint64(ot.Data[8*c:])
 				rawLen := min(LosslessChunk, size-c*LosslessChunk)
 				if end <= prev || end > uint64(len(ct.Data)) {
-					return nil, fmt.Errorf("tensor %q: %w: %s chunk %d: offset %d not ascending or past the %d coded bytes", ti.Name, ErrLossless, suffix, c, end, len(ct.Data))
+					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: offset %d not ascending or past the %d coded bytes", ErrLossless, suffix, c, end, len(ct.Data))
 				}
 				if uint64(rawLen) > maxInflation*(end-prev) {
-					return nil, fmt.Errorf("tensor %q: %w: %s chunk %d: %d coded bytes cannot hold %d bytes", ti.Name, ErrLossless, suffix, c, end-prev, rawLen)
+					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: %d coded bytes cannot hold %d bytes", ErrLossless, suffix, c, end-prev, rawLen)
 				}
 				p.offsets[c], prev = end, end
 				jobs = append(jobs, chunkJob{len(parts), c})
 			}
 			if prev != uint64(len(ct.Data)) {
-				return nil, fmt.Errorf("tensor %q: %w: %s has %d bytes after its last chunk", ti.Name, ErrLossless, suffix, uint64(len(ct.Data))-prev)
+				return nil, tensorErrorf(ti.Name, "%w: %s has %d bytes after its last chunk", ErrLossless, suffix, uint64(len(ct.Data))-prev)
 			}
 			p.raw = make([]byte, size) // at most maxInflation times the coded bytes, checked above
 			parts = append(parts, p)
@@ -210,14 +209,14 @@ func inflateStored(f *safetensors.File, infos []TensorInfo, rawSize func(ti Tens
 			r = flate.NewReader(in)
 			readers[wk] = r
 		} else if err := r.(flate.Resetter).Reset(in, nil); err != nil {
-			return fmt.Errorf("tensor %q: %w: chunk %d: %v", p.name, ErrLossless, c, err)
+			return tensorErrorf(p.name, "%w: chunk %d: %v", ErrLossless, c, err)
 		}
 		if _, err := io.ReadFull(r, dst); err != nil {
-			return fmt.Errorf("tensor %q: %w: chunk %d: %v", p.name, ErrLossless, c, err)
+			return tensorErrorf(p.name, "%w: chunk %d: %v", ErrLossless, c, err)
 		}
 		var one [1]byte
 		if n, err := r.Read(one[:]); n != 0 || err != io.EOF {
-			return fmt.Errorf("tensor %q: %w: chunk %d inflates beyond its declared %d bytes", p.name, ErrLossless, c, len(dst))
+			return tensorErrorf(p.name, "%w: chunk %d inflates beyond its declared %d bytes", ErrLossless, c, len(dst))
 		}
 		return nil
 	})

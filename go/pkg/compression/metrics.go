@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -157,18 +158,37 @@ const (
 	Poor       = "POOR"
 )
 
-// QualityLevel grades an RMSE and SNR: EXCELLENT (<0.01, >40 dB), GOOD
-// (<0.05, >30 dB), ACCEPTABLE (<0.10, >18 dB), else POOR.
+// A QualityBound is one quality level and what earns it: RMSE below
+// MaxRMSE and SNR above MinSNRDB.
+type QualityBound struct {
+	Name     string  `json:"name"`
+	MaxRMSE  float64 `json:"max_rmse"`
+	MinSNRDB float64 `json:"min_snr_db"`
+}
+
+// qualityLevels are the levels, best first: the one copy of the bounds,
+// which QualityLevel grades by and kv-compress gates prints. The last,
+// Poor, has the widest finite bounds, so JSON can carry them and every
+// finite result meets them.
+var qualityLevels = []QualityBound{
+	{Excellent, 0.01, 40},
+	{Good, 0.05, 30},
+	{Acceptable, 0.10, 18},
+	{Poor, math.MaxFloat64, -math.MaxFloat64},
+}
+
+// QualityLevels returns a copy of the quality levels, best first.
+func QualityLevels() []QualityBound { return slices.Clone(qualityLevels) }
+
+// QualityLevel grades an RMSE and SNR: the first level whose bounds they
+// meet, else (a NaN, an SNR of -Inf) the last.
 func QualityLevel(rmse, snrDB float64) string {
-	switch {
-	case rmse < 0.01 && snrDB > 40:
-		return Excellent
-	case rmse < 0.05 && snrDB > 30:
-		return Good
-	case rmse < 0.10 && snrDB > 18:
-		return Acceptable
+	for _, l := range qualityLevels {
+		if rmse < l.MaxRMSE && snrDB > l.MinSNRDB {
+			return l.Name
+		}
 	}
-	return Poor
+	return qualityLevels[len(qualityLevels)-1].Name
 }
 
 // Thresholds are the quality gates: a result passes when RMSE < MaxRMSE,

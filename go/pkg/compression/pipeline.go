@@ -76,11 +76,11 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 	for i := range src.Tensors {
 		t := &src.Tensors[i]
 		if !t.DType.IsFloat() {
-			return nil, fmt.Errorf("tensor %q: dtype %s is not F32, F16 or BF16", t.Name, t.DType)
+			return nil, tensorErrorf(t.Name, "dtype %s is not F32, F16 or BF16", t.DType)
 		}
 		j, err := newEncodeJob(t, cfg.Spec.For(t.Name), restore)
 		if err != nil {
-			return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
+			return nil, &TensorError{Tensor: t.Name, Err: err}
 		}
 		jobs[i] = j
 		for c := 0; c < j.l.numChunks(); c++ {
@@ -238,10 +238,10 @@ func newEncodeJob(t *safetensors.Tensor, s Scheme, restore bool) (*tensorJob, er
 	}
 	j.src = t.Data
 	j.codes = make([]byte, j.l.codeBytes())
-	if !s.Method.IsGGML() {
+	if j.l.q.packed() {
 		j.scales = make([]uint16, j.l.groups)
 	}
-	if s.Method == Asym {
+	if j.l.q.zeros {
 		j.zeros = make([]uint16, j.l.groups)
 	}
 	j.residual = make([]byte, j.l.residualElems()*t.DType.Size())
@@ -271,13 +271,13 @@ func (j *tensorJob) prepare() error {
 	x := make([]float32, j.l.n)
 	safetensors.DecodeFloat32s(x, j.src, j.dtype)
 	if i := firstNonFinite(x); i >= 0 {
-		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.name, i, x[i], ErrNotFinite)
+		return tensorErrorf(j.name, "element %d is %v (%w)", i, x[i], ErrNotFinite)
 	}
 	if s.Sparsity > 0 {
 		q := make([]float32, 0, j.l.nq)
 		j.l.eachQuantized(func(i int) bool { q = append(q, x[i]); return true })
 		if err := Sparsify(q, s.Sparsity); err != nil {
-			return fmt.Errorf("tensor %q: %w", j.name, err)
+			return &TensorError{Tensor: j.name, Err: err}
 		}
 		k := 0
 		j.l.eachQuantized(func(i int) bool { x[i] = q[k]; k++; return true })
@@ -286,7 +286,7 @@ func (j *tensorJob) prepare() error {
 		var err error
 		j.out, err = selectOutliers(x, j.l.eachQuantized, int(s.Outliers*float64(j.l.nq)))
 		if err != nil {
-			return fmt.Errorf("tensor %q: %w", j.name, err)
+			return &TensorError{Tensor: j.name, Err: err}
 		}
 		for _, i := range j.out.index {
 			x[i] = 0
@@ -321,7 +321,7 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	}
 	notFinite := func() error { // the first NaN or Inf of the chunk, by its natural index
 		i := firstNonFinite(x)
-		return fmt.Errorf("tensor %q: element %d is %v (%w)", j.name, nlo+i, x[i], ErrNotFinite)
+		return tensorErrorf(j.name, "element %d is %v (%w)", nlo+i, x[i], ErrNotFinite)
 	}
 	src := x
 	if j.pre != nil {
@@ -337,27 +337,14 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	}
 	xp := l.toQOrder(s.b, xq)
 	q := s.q[:qhi-qlo]
-	m := l.s.Method
+	encode := l.q.encode
 	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
-		var err error
-		switch {
-		case m == Sym:
-			j.scales[gi], err = QuantizeGroup(xp[gs:ge], l.s.Bits, q[gs:ge])
-		case m == SymF:
-			j.scales[gi], err = QuantizeGroupFull(xp[gs:ge], l.s.Bits, q[gs:ge])
-		case m == LM:
-			j.scales[gi], err = QuantizeGroupLM(xp[gs:ge], l.s.Bits, q[gs:ge])
-		case m == Asym:
-			j.scales[gi], j.zeros[gi], err = QuantizeGroupAsym(xp[gs:ge], l.s.Bits, q[gs:ge])
-		default:
-			bb := GGMLBlockBytes(m)
-			err = QuantizeBlockGGML(m, xp[gs:ge], j.codes[gi*bb:(gi+1)*bb])
-		}
+		err := encode(j, xp[gs:ge], q[gs:ge], gi)
 		if errors.Is(err, ErrNotFinite) {
 			return notFinite()
 		}
 		if err != nil {
-			return fmt.Errorf("tensor %q: group %d: %w", j.name, gi, err)
+			return &TensorError{Tensor: j.name, Err: &GroupError{Group: gi, Err: err}}
 		}
 		return nil
 	})
@@ -367,7 +354,7 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	if l.residualElems() > 0 && firstNonFinite(x) >= 0 { // the kept tokens are not quantized
 		return nil, notFinite()
 	}
-	if !m.IsGGML() {
+	if l.q.packed() {
 		Pack(j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], q, l.s.Bits)
 	}
 	if l.residualElems() > 0 {
@@ -398,7 +385,6 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	l := j.l
 	u0, u1, nlo, nhi, qlo, qhi := l.chunk(c)
 	esz := j.dtype.Size()
-	m := l.s.Method
 	out, direct := j.view(j.restored, nlo, nhi)
 	yp, yqBuf, yBuf := s.a[:qhi-qlo], s.b, s.y
 	if direct { // without a slab the quantized elements are the whole chunk
@@ -408,30 +394,13 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 		yqBuf, yBuf = out, out
 	}
 	q := s.q[:qhi-qlo]
-	if !m.IsGGML() && !inScratch {
+	if l.q.packed() && !inScratch {
 		Unpack(q, j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], l.s.Bits)
 	}
+	decode := l.q.decode
 	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
-		switch {
-		case m == Sym || m == SymF || m == LM:
-			if j.scales[gi]&0x7c00 == 0x7c00 {
-				return fmt.Errorf("tensor %q: group %d: scale is not finite", j.name, gi)
-			}
-			if m == LM {
-				DequantizeGroupLM(yp[gs:ge], q[gs:ge], l.s.Bits, j.scales[gi])
-			} else {
-				DequantizeGroup(yp[gs:ge], q[gs:ge], j.scales[gi])
-			}
-		case m == Asym:
-			if j.scales[gi]&0x7c00 == 0x7c00 || j.zeros[gi]&0x7c00 == 0x7c00 {
-				return fmt.Errorf("tensor %q: group %d: scale or zero point is not finite", j.name, gi)
-			}
-			DequantizeGroupAsym(yp[gs:ge], q[gs:ge], l.s.Bits, j.scales[gi], j.zeros[gi])
-		default:
-			bb := GGMLBlockBytes(m)
-			if err := DequantizeBlockGGML(m, j.codes[gi*bb:(gi+1)*bb], yp[gs:ge]); err != nil {
-				return fmt.Errorf("tensor %q: group %d: %w", j.name, gi, err)
-			}
+		if err := decode(j, yp[gs:ge], q[gs:ge], gi); err != nil {
+			return &TensorError{Tensor: j.name, Err: &GroupError{Group: gi, Err: err}}
 		}
 		return nil
 	})
@@ -609,7 +578,7 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 		st := parts[i]
 		j, err := newJob(ti.Name, ti.DType, ti.Shape, ti.Scheme, true)
 		if err != nil {
-			return nil, nil, fmt.Errorf("tensor %q: %w", ti.Name, err)
+			return nil, nil, &TensorError{Tensor: ti.Name, Err: err}
 		}
 		j.codes, j.out = st.codes.Data, st.outliers
 		if st.scales != nil {

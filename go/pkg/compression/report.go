@@ -258,12 +258,13 @@ type SchemeInfo struct {
 // NominalBits is the storage cost per element of a scheme's codes and
 // per-group parameters, before outliers and residual tokens.
 func (s Scheme) NominalBits() float64 {
-	if s.Method.IsGGML() {
-		return float64(8*GGMLBlockBytes(s.Method)) / GGMLBlock
+	q := quantizerOf(s.Method)
+	if q != nil && !q.packed() {
+		return float64(8*q.block.blockSize) / GGMLBlock
 	}
-	params := 16.0
-	if s.Method == Asym {
-		params = 32
+	params := 16.0 // the FP16 scale
+	if q != nil && q.zeros {
+		params += 16
 	}
 	return float64(s.Bits) + params/float64(s.Group) + 48*s.Outliers
 }
@@ -281,8 +282,21 @@ func SchemeReport(cmd string, s Spec) SchemeInfo {
 // PresetsReport is what schemes prints: every preset, in order.
 func PresetsReport() []SchemeInfo {
 	var out []SchemeInfo
-	for _, name := range PresetNames() {
-		out = append(out, SchemeReport("", presets[name]))
+	for _, p := range presets {
+		out = append(out, SchemeReport("", p.spec))
 	}
 	return out
+}
+
+// GatesInfo is what gates prints: the quality levels, best first, and the
+// default quality gates (the thresholds a compress report repeats).
+type GatesInfo struct {
+	Command    string         `json:"command"`
+	Levels     []QualityBound `json:"levels"`
+	Thresholds Thresholds     `json:"thresholds"`
+}
+
+// GatesReport is what gates prints.
+func GatesReport(cmd string) GatesInfo {
+	return GatesInfo{Command: cmd, Levels: QualityLevels(), Thresholds: DefaultThresholds}
 }

@@ -5,30 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"regexp"
 	"strconv"
 	"strings"
 )
-
-// Method is a scheme's group quantizer.
-type Method string
-
-// The quantizers: symmetric and asymmetric integer groups, and llama.cpp's
-// ggml block types (blocks of 32 along the row-major tensor).
-const (
-	Sym  Method = "sym"
-	SymF Method = "symf" // full-range symmetric (symfull.go)
-	Asym Method = "asym"
-	LM   Method = "lm" // Lloyd–Max levels of a unit Gaussian (lloydmax.go)
-	Q4_0 Method = "q4_0"
-	Q4_1 Method = "q4_1"
-	Q5_0 Method = "q5_0"
-	Q5_1 Method = "q5_1"
-	Q8_0 Method = "q8_0"
-)
-
-// IsGGML reports whether m is a ggml block type.
-func (m Method) IsGGML() bool { _, ok := ggmlInfo(m); return ok }
 
 // Axis says which elements share a group.
 type Axis string
@@ -66,25 +45,19 @@ type Scheme struct {
 
 // Validate checks every field; the error names the field.
 func (s Scheme) Validate() error {
-	switch {
-	case s.Method == Sym || s.Method == SymF || s.Method == Asym || s.Method == LM:
-		lo, hi := MinBits, MaxBits
-		if s.Method == LM {
-			lo, hi = MinLMBits, MaxLMBits
-		}
-		if s.Bits < lo || s.Bits > hi {
-			return fmt.Errorf("bits %d out of range [%d, %d] for %s", s.Bits, lo, hi, s.Method)
+	switch q := quantizerOf(s.Method); {
+	case q == nil:
+		return fmt.Errorf("unknown method %q (want %s)", s.Method, methodNames())
+	case q.packed():
+		if s.Bits < q.minBits || s.Bits > q.maxBits {
+			return fmt.Errorf("bits %d out of range [%d, %d] for %s", s.Bits, q.minBits, q.maxBits, s.Method)
 		}
 		if s.Group <= 0 || s.Group%2 != 0 || s.Group > MaxGroupSize {
 			return fmt.Errorf("group size %d must be a positive even number at most %d", s.Group, MaxGroupSize)
 		}
-	case s.Method.IsGGML():
-		if t, _ := ggmlInfo(s.Method); s.Bits != t.bits || s.Group != GGMLBlock || s.Axis != Token {
-			return fmt.Errorf("%s is %d-bit blocks of %d along the token axis, got bits %d group %d axis %s",
-				s.Method, t.bits, GGMLBlock, s.Bits, s.Group, s.Axis)
-		}
-	default:
-		return fmt.Errorf("unknown method %q (want sym, symf, asym, lm, q4_0, q4_1, q5_0, q5_1 or q8_0)", s.Method)
+	case s.Bits != q.block.bits || s.Group != GGMLBlock || s.Axis != Token:
+		return fmt.Errorf("%s is %d-bit blocks of %d along the token axis, got bits %d group %d axis %s",
+			s.Method, q.block.bits, GGMLBlock, s.Bits, s.Group, s.Axis)
 	}
 	if s.Axis != Token && s.Axis != Channel {
 		return fmt.Errorf("unknown axis %q (want token or channel)", s.Axis)
@@ -191,12 +164,12 @@ func (s Spec) String() string {
 func (s Spec) Name() string {
 	plain := s
 	plain.Lossless = false
-	for _, name := range PresetNames() {
-		if presets[name].Equal(plain) {
+	for _, p := range presets {
+		if p.spec.Equal(plain) {
 			if s.Lossless {
-				return name + LosslessSuffix
+				return p.name + LosslessSuffix
 			}
-			return name
+			return p.name
 		}
 	}
 	return s.String()
@@ -219,23 +192,49 @@ func ggmlScheme(m Method) Scheme {
 	return Scheme{Method: m, Bits: t.bits, Group: GGMLBlock, Axis: Token}
 }
 
-// presets are the schemes engineers deploy, by the names the README gives.
-var presets = map[string]Spec{
-	"int4":   both(symScheme(Sym, 4, 64, Token)),
-	"int8":   both(symScheme(Sym, 8, 64, Token)),
-	"asym4":  both(symScheme(Asym, 4, 64, Token)),
-	"kivi4":  {Key: symScheme(Asym, 4, 64, Channel), Value: symScheme(Asym, 4, 64, Token)},
-	"kivi2":  {Key: symScheme(Asym, 2, 32, Channel), Value: symScheme(Asym, 2, 32, Token)},
-	"rot4":   rotated(symScheme(Sym, 4, 64, Token)),
-	"rot3":   rotated(symScheme(SymF, 3, 64, Token)),
-	"lm2rot": rotated(symScheme(LM, 2, 64, Token)),
-	"lm3rot": rotated(symScheme(LM, 3, 64, Token)),
-	"lm4rot": rotated(symScheme(LM, 4, 64, Token)),
-	"q4_0":   both(ggmlScheme(Q4_0)),
-	"q4_1":   both(ggmlScheme(Q4_1)),
-	"q5_0":   both(ggmlScheme(Q5_0)),
-	"q5_1":   both(ggmlScheme(Q5_1)),
-	"q8_0":   both(ggmlScheme(Q8_0)),
+// A preset is a named Spec that -scheme accepts.
+type preset struct {
+	name string
+	spec Spec
+}
+
+// presets are the schemes engineers deploy, by the names the README gives
+// and in its order: one list, so the order, the names and the usage text
+// cannot disagree. presetIndex rejects a name given twice.
+var presets = []preset{
+	{"int4", both(symScheme(Sym, 4, 64, Token))},
+	{"int8", both(symScheme(Sym, 8, 64, Token))},
+	{"asym4", both(symScheme(Asym, 4, 64, Token))},
+	{"kivi4", Spec{Key: symScheme(Asym, 4, 64, Channel), Value: symScheme(Asym, 4, 64, Token)}},
+	{"kivi2", Spec{Key: symScheme(Asym, 2, 32, Channel), Value: symScheme(Asym, 2, 32, Token)}},
+	{"rot4", rotated(symScheme(Sym, 4, 64, Token))},
+	{"rot3", rotated(symScheme(SymF, 3, 64, Token))},
+	{"lm2rot", rotated(symScheme(LM, 2, 64, Token))},
+	{"lm3rot", rotated(symScheme(LM, 3, 64, Token))},
+	{"lm4rot", rotated(symScheme(LM, 4, 64, Token))},
+	{"q4_0", both(ggmlScheme(Q4_0))},
+	{"q4_1", both(ggmlScheme(Q4_1))},
+	{"q5_0", both(ggmlScheme(Q5_0))},
+	{"q5_1", both(ggmlScheme(Q5_1))},
+	{"q8_0", both(ggmlScheme(Q8_0))},
+}
+
+// presetByName indexes presets; it is built when the package loads, so a
+// duplicate name stops every program that links it, as a second
+// registration does in archive/zip.
+var presetByName = presetIndex(presets)
+
+// presetIndex maps each name of ps to its Spec, and panics on a name given
+// twice.
+func presetIndex(ps []preset) map[string]Spec {
+	m := make(map[string]Spec, len(ps))
+	for _, p := range ps {
+		if _, dup := m[p.name]; dup {
+			panic("compression: preset " + p.name + " defined twice")
+		}
+		m[p.name] = p.spec
+	}
+	return m
 }
 
 // DefaultPreset is the scheme used when none is given.
@@ -243,17 +242,21 @@ const DefaultPreset = "int4"
 
 // PresetNames lists the presets in the README's order.
 func PresetNames() []string {
-	return []string{"int4", "int8", "asym4", "kivi4", "kivi2", "rot4", "rot3", "lm2rot", "lm3rot", "lm4rot", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"}
+	names := make([]string, len(presets))
+	for i, p := range presets {
+		names[i] = p.name
+	}
+	return names
 }
 
 // Preset returns the named preset.
 func Preset(name string) (Spec, bool) {
-	s, ok := presets[name]
+	s, ok := presetByName[name]
 	return s, ok
 }
 
 // DefaultSpec is the default preset (sym 4-bit groups of 64).
-func DefaultSpec() Spec { return presets[DefaultPreset] }
+func DefaultSpec() Spec { return presetByName[DefaultPreset] }
 
 // ParseSpec reads a preset name, a spec in the grammar
 //
@@ -283,7 +286,7 @@ func ParseSpec(text string) (Spec, error) {
 		s, err = parseRoles(text)
 	default:
 		var sc Scheme
-		if p, ok := presets[text]; ok {
+		if p, ok := presetByName[text]; ok {
 			s = p
 		} else if sc, err = parseScheme(text, roleBoth); err == nil {
 			s = both(sc)
@@ -318,7 +321,7 @@ func parseRoles(text string) (Spec, error) {
 		k, v, ok := strings.Cut(part, "=")
 		switch {
 		case !ok && i == 0:
-			if p, isPreset := presets[part]; isPreset {
+			if p, isPreset := presetByName[part]; isPreset {
 				s.Key, s.Value = p.Key, p.Value
 			} else {
 				sc, err := parseScheme(part, roleBoth)
@@ -362,29 +365,27 @@ func parseRoles(text string) (Spec, error) {
 	return s, nil
 }
 
-var baseRE = regexp.MustCompile(`^(sym|symf|asym|lm)([0-9]+)$`)
-
 func parseScheme(text string, r role) (Scheme, error) {
 	parts := strings.Split(text, "/")
 	var s Scheme
 	base := parts[0]
-	if p, ok := presets[base]; ok {
+	if p, ok := presetByName[base]; ok {
 		s = p.Value
 		if r == roleKey {
 			s = p.Key
 		} else if r == roleBoth && p.Key != p.Value {
 			return Scheme{}, fmt.Errorf("preset %s differs by role; options cannot follow it", base)
 		}
-	} else if m := baseRE.FindStringSubmatch(base); m != nil {
-		bits, err := strconv.Atoi(m[2])
+	} else if m, digits, ok := parseBase(base); ok {
+		bits, err := strconv.Atoi(digits)
 		if err != nil {
-			return Scheme{}, fmt.Errorf("bits %q: %v", m[2], err)
+			return Scheme{}, fmt.Errorf("bits %q: %v", digits, err)
 		}
-		s = Scheme{Method: Method(m[1]), Bits: bits, Group: 64, Axis: Token}
+		s = Scheme{Method: m, Bits: bits, Group: 64, Axis: Token}
 	} else if Method(base).IsGGML() {
 		s = ggmlScheme(Method(base))
 	} else {
-		return Scheme{}, fmt.Errorf("unknown scheme %q (presets: %s; or sym<bits>, symf<bits>, asym<bits>, lm<bits>, q4_0 ...)", base, strings.Join(PresetNames(), ", "))
+		return Scheme{}, fmt.Errorf("unknown scheme %q (presets: %s; or %s)", base, strings.Join(PresetNames(), ", "), baseNames())
 	}
 	for _, opt := range parts[1:] {
 		if err := s.setOption(opt); err != nil {

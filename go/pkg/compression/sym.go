@@ -49,6 +49,24 @@ func symCodes(codes []int8, x []float32, s float32, iqmax int32) {
 	quantSym(codes, x, s, iqmax)
 }
 
+// errScaleNotFinite is a stored scale that is Inf or NaN.
+var errScaleNotFinite = errors.New("scale is not finite")
+
+// encodeSym and decodeSym are sym's entries in methods (decodeSym is
+// symf's too): group gi's FP16 scale, and its codes in q.
+func (j *tensorJob) encodeSym(x []float32, q []int8, gi int) (err error) {
+	j.scales[gi], err = QuantizeGroup(x, j.l.s.Bits, q)
+	return err
+}
+
+func (j *tensorJob) decodeSym(y []float32, q []int8, gi int) error {
+	if j.scales[gi]&0x7c00 == 0x7c00 {
+		return errScaleNotFinite
+	}
+	DequantizeGroup(y, q, j.scales[gi])
+	return nil
+}
+
 // DequantizeGroup writes codes * s into dst.
 func DequantizeGroup(dst []float32, codes []int8, scale uint16) {
 	dequantSym(dst, codes, safetensors.FP16ToFloat32(scale))

@@ -44,3 +44,9 @@ func QuantizeGroupFull(x []float32, bits int, codes []int8) (uint16, error) {
 	symCodes(codes[:len(x)], x, safetensors.FP16ToFloat32(h), iqmax)
 	return h, nil
 }
+
+// encodeSymF is symf's entry in methods; it decodes as sym (decodeSym).
+func (j *tensorJob) encodeSymF(x []float32, q []int8, gi int) (err error) {
+	j.scales[gi], err = QuantizeGroupFull(x, j.l.s.Bits, q)
+	return err
+}

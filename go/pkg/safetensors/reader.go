@@ -41,26 +41,26 @@ func ReadFile(path string) (*File, error) {
 		return nil, err
 	}
 	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file (%s)", path, st.Mode().Type())
+		return nil, fileErrorf(path, "not a regular file (%s)", st.Mode().Type())
 	}
 	size := st.Size()
 	var lenBuf [8]byte
 	if _, err := io.ReadFull(fh, lenBuf[:]); err != nil {
-		return nil, fmt.Errorf("%s: truncated: %d bytes, need at least 8 for the header length", path, size)
+		return nil, fileErrorf(path, "truncated: %d bytes, need at least 8 for the header length", size)
 	}
 	if n := binary.LittleEndian.Uint64(lenBuf[:]); n > MaxHeaderSize {
-		return nil, fmt.Errorf("%s: header length %d exceeds the %d-byte limit", path, n, MaxHeaderSize)
+		return nil, fileErrorf(path, "header length %d exceeds the %d-byte limit", n, MaxHeaderSize)
 	} else if n > uint64(size-8) {
-		return nil, fmt.Errorf("%s: truncated: header length %d runs past the end of the %d-byte file", path, n, size)
+		return nil, fileErrorf(path, "truncated: header length %d runs past the end of the %d-byte file", n, size)
 	}
 	data := make([]byte, size)
 	copy(data, lenBuf[:])
 	if _, err := io.ReadFull(fh, data[8:]); err != nil {
-		return nil, fmt.Errorf("%s: reading: %v (the file changed while it was read?)", path, err)
+		return nil, fileErrorf(path, "reading: %v (the file changed while it was read?)", err)
 	}
 	f, err := Parse(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, &FileError{Path: path, Err: err}
 	}
 	return f, nil
 }

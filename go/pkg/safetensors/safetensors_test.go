@@ -3,6 +3,7 @@ package safetensors
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -179,6 +180,14 @@ func TestReadFileNamesPath(t *testing.T) {
 	_, err := ReadFile(p)
 	if err == nil || !strings.HasPrefix(err.Error(), p+": ") {
 		t.Fatalf("error %v does not start with the path", err)
+	}
+	// The path is a value too, for errors.As, for reading and writing.
+	dir := t.TempDir()
+	for _, err := range []error{err, WriteFile(dir, sample(t)), WriteFile(filepath.Join(dir, "no", "x"), sample(t))} {
+		var fe *FileError
+		if !errors.As(err, &fe) || !strings.HasPrefix(err.Error(), fe.Path+": ") || fe.Err == nil {
+			t.Errorf("%v: not a *FileError naming its path", err)
+		}
 	}
 }
 

@@ -102,3 +102,19 @@ func NewFloatTensor(name string, dt DType, shape []int, values []float32) (Tenso
 	EncodeFloat32s(t.Data, values, dt)
 	return t, nil
 }
+
+// A FileError is an error about the file at Path: reading or writing it,
+// or what its contents hold. Its message is the path, ": " and Err's.
+type FileError struct {
+	Path string
+	Err  error
+}
+
+func (e *FileError) Error() string { return e.Path + ": " + e.Err.Error() }
+
+func (e *FileError) Unwrap() error { return e.Err }
+
+// fileErrorf is a *FileError about path, its Err made by fmt.Errorf.
+func fileErrorf(path, format string, a ...any) error {
+	return &FileError{Path: path, Err: fmt.Errorf(format, a...)}
+}

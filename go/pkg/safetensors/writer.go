@@ -91,11 +91,11 @@ func encodeHeader(f *File) ([]byte, error) {
 // file (a device, a directory, a pipe) is refused, never replaced.
 func WriteFile(path string, f *File) (err error) {
 	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
-		return fmt.Errorf("%s: not a regular file (%s); refusing to replace it", path, st.Mode().Type())
+		return fileErrorf(path, "not a regular file (%s); refusing to replace it", st.Mode().Type())
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("%s: cannot write: %w", path, err)
+		return fileErrorf(path, "cannot write: %w", err)
 	}
 	defer func() {
 		if err != nil {
@@ -105,22 +105,22 @@ func WriteFile(path string, f *File) (err error) {
 	}()
 	bw := bufio.NewWriterSize(tmp, 1<<20)
 	if err = Encode(bw, f); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return &FileError{Path: path, Err: err}
 	}
 	if err = bw.Flush(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return &FileError{Path: path, Err: err}
 	}
 	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return &FileError{Path: path, Err: err}
 	}
 	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return &FileError{Path: path, Err: err}
 	}
 	if err = os.Chmod(tmp.Name(), os.FileMode(0o666&^umask())); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return &FileError{Path: path, Err: err}
 	}
 	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return &FileError{Path: path, Err: err}
 	}
 	return nil
 }
