@@ -28,7 +28,7 @@ DTYPE       ?= auto
 SCHEMES     ?= all
 PEERS       ?= True
 SWEEP_WINDOWS ?= 6
-# make sweep's mixed schemes: bits per element (empty: none) and calibration settings (kvlib.sensitivity).
+# make sweep's mixed schemes: bits per element (empty: none) and calibration settings (kvlib.budget.sensitivity).
 BUDGET      ?= 3.25,4.25
 CALIBRATION ?=
 # make zoo: the same schemes on several models (zoo names, .gguf files, HF directories or ids).
@@ -58,7 +58,7 @@ BUILD       := build
 RUN_ENV     := $(if $(RESULTS),KVLIB_RESULTS=$(abspath $(RESULTS))) $(if $(FRESH),KVLIB_FRESH=1) $(if $(RAY),KVLIB_RAY=1)
 PAPERMILL   := $(RUN_ENV) TQDM_DISABLE=1 $(PY) -m papermill
 
-.PHONY: setup build-compress test test-go test-py test-notebooks report sweep zoo lab bench bench-gpu clean lock
+.PHONY: setup build-compress test test-go test-py test-notebooks test-docs docs report sweep zoo lab bench bench-gpu clean lock
 
 setup: $(STAMP) $(CLI)
 
@@ -76,7 +76,7 @@ build-compress: $(CLI)
 $(CLI): $(STAMP) $(GO_SRC)
 	cd go && $(GO) build -trimpath -o ../$(CLI) ./cmd/kv-compress
 
-test: test-go test-py test-notebooks
+test: test-go test-py test-notebooks test-docs
 
 test-go: $(STAMP)
 	cd go && $(GO) vet ./...
@@ -157,3 +157,12 @@ lock:
 
 clean:
 	rm -rf bin $(BUILD) $(REPORTS)/*.html $(REPORTS)/*.json
+
+# The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or anchor fails.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir $(CURDIR)/$(BUILD)/site
+	@echo "Docs: $(CURDIR)/$(BUILD)/site/index.html"
+
+# The site builds, and the README's and CONTRIBUTING's links and anchors resolve (tests/test_docs.py).
+test-docs: docs
+	$(PY) -m pytest -p no:cacheprovider --noconftest tests/test_docs.py

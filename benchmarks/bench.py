@@ -37,13 +37,16 @@ from code_entropy import code_entropy  # noqa: E402
 from legacy_windows import legacy_pair  # noqa: E402
 from torch_kvq import TorchCacheRoundtrip  # noqa: E402
 
-from kvlib.bridge import CLICacheRoundtrip, find_cli_binary, pool_tensors  # noqa: E402
-from kvlib.codec import presets, resolve_codec  # noqa: E402
-from kvlib.bridge import ContextFile  # noqa: E402
-from kvlib.cache import cache_layers, make_cache, save_kv_cache  # noqa: E402
-from kvlib.corpus import load_corpus, tokenize  # noqa: E402
-from kvlib.models import load_model_and_tokenizer  # noqa: E402
-from kvlib.perplexity import evaluate_windows, score_windows  # noqa: E402
+from kvlib.codec.binary import find_cli_binary  # noqa: E402
+from kvlib.codec.metrics import pool_tensors
+from kvlib.transforms.codec import CLICacheRoundtrip
+from kvlib.codec.spec import presets, resolve_codec  # noqa: E402
+from kvlib.transforms.codec import ContextFile  # noqa: E402
+from kvlib.cache.io import save_kv_cache  # noqa: E402
+from kvlib.cache.layout import cache_layers, make_cache
+from kvlib.models.corpus import load_corpus, tokenize  # noqa: E402
+from kvlib.models.sources import load_model_and_tokenizer  # noqa: E402
+from kvlib.scoring.perplexity import evaluate_windows, score_windows  # noqa: E402
 
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
 
@@ -269,7 +272,8 @@ def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3
     compute on one real cache, and in a 3-window sweep of three schemes the bridge's share of the
     scoring time and what an extra scheme costs against its codec compute and suffix forward.
     Best of interleaved rounds, as sweep_costs."""
-    from kvlib.codec_server import CodecServer, ServerCacheRoundtrip, SharedContext
+    from kvlib.codec.server import CodecServer, SharedContext
+    from kvlib.transforms.codec import ServerCacheRoundtrip
 
     schemes = ["int4", "kivi4", "q8_0"]
     with CodecServer() as srv:
@@ -335,8 +339,8 @@ def budget_costs(model, ids, targets: int = 128, slots=(0, 7, 15, 22, 29)) -> No
     """The sensitivity pass's unit of work, a suffix forward with one slot compressed, with and
     without prefix reuse (the layers before the slot replayed from the exact run), on one
     calibration window: the same KL to the bit, and the time saved."""
-    from kvlib.sensitivity import calibration_window, reconstructions, resolve_candidates, score_variant
-    from kvlib.transforms import cache_transforms
+    from kvlib.budget.sensitivity import calibration_window, reconstructions, resolve_candidates, score_variant
+    from kvlib.transforms.codec import cache_transforms
 
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="kvlib-bench-budget-") as tmp:
         w = calibration_window(model, ids, 0, 2048, targets)
@@ -378,7 +382,7 @@ def store_costs(corpus: str, windows: int) -> None:
     import json
     from dataclasses import asdict
 
-    from kvlib.sweep import run_sweep
+    from kvlib.runs.sweep import run_sweep
 
     kw = dict(model="embedded", corpus_name=corpus, device="cpu", max_windows=windows, peers=False, verbose=False)
 
@@ -430,8 +434,8 @@ def store_costs(corpus: str, windows: int) -> None:
 def suffix_forward_s(model, ids, windows: int) -> float:
     """The suffix forwards a scheme adds to a sweep: the last 513 tokens of each window with a
     context against its (exact) context cache, timed alone."""
-    from kvlib.layout import context_cache, new_cache
-    from kvlib.perplexity import plan_windows
+    from kvlib.cache.layout import context_cache, new_cache
+    from kvlib.scoring.perplexity import plan_windows
 
     total = 0.0
     for w in plan_windows(ids.shape[1], 2048, 512, windows):

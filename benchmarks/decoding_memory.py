@@ -9,9 +9,9 @@ import json
 import resource
 import tempfile
 
-from kvlib.codec import resolve_codec
-from kvlib.models import load_model_and_tokenizer
-from kvlib.retrieval import RetrievalConfig, run_retrieval
+from kvlib.codec.spec import resolve_codec
+from kvlib.models.sources import load_model_and_tokenizer
+from kvlib.checks.retrieval import RetrievalConfig, run_retrieval
 
 
 def main() -> None:

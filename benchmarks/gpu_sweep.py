@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 
-from kvlib import codec_server
-from kvlib.cache import cache_layers
-from kvlib.codec import resolve_codec
-from kvlib.layout import cache_like
-from kvlib.perplexity import score_windows
-from kvlib.transforms import cache_transforms
+from kvlib.codec import server as codec_server
+from kvlib.cache.layout import cache_layers
+from kvlib.codec.spec import resolve_codec
+from kvlib.cache.layout import cache_like
+from kvlib.scoring.perplexity import score_windows
+from kvlib.transforms.codec import cache_transforms
 
-DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+from kvlib.dtypes import BY_NAME as DTYPES  # noqa: E402
 
 
 def load(args):
@@ -48,15 +48,15 @@ def load(args):
         lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.config), dtype=dtype)
         name = f"random weights, {Path(args.config).name}"
     else:
-        from kvlib.models import load_model_and_tokenizer
+        from kvlib.models.sources import load_model_and_tokenizer
         lm, _ = load_model_and_tokenizer(args.model, device="cpu", dtype=dtype)
         name = args.model
     lm = lm.to(args.device).eval()
     if args.ids:
         ids = torch.load(args.ids)
     else:
-        from kvlib.corpus import load_corpus, tokenize
-        from kvlib.models import load_model_and_tokenizer
+        from kvlib.models.corpus import load_corpus, tokenize
+        from kvlib.models.sources import load_model_and_tokenizer
         _, tok = load_model_and_tokenizer(args.model, device="cpu")
         ids = tokenize(tok, load_corpus(args.corpus))
     return lm, ids.reshape(1, -1), name

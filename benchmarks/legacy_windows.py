@@ -9,8 +9,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvlib.cache import cache_layers, make_cache
-from kvlib.perplexity import plan_windows
+from kvlib.cache.layout import cache_layers, make_cache
+from kvlib.scoring.perplexity import plan_windows
 
 
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> float:

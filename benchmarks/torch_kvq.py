@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvlib.cache import cache_layers, make_cache
+from kvlib.cache.layout import cache_layers, make_cache
 
 
 def quantize_dequantize(x: torch.Tensor, bits: int = 4, group_size: int = 64) -> torch.Tensor:

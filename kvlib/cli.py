@@ -11,15 +11,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvlib import corpus, models, zoo
-from kvlib.agreement import AgreementConfig
-from kvlib.budget import parse_budgets, similar_presets
-from kvlib.codec import resolve_codec
-from kvlib.decoding import DecodingChecks
-from kvlib.retrieval import RetrievalConfig
-from kvlib.sensitivity import CalibrationConfig
-from kvlib.sweep import check_parameters, default_schemes, run_sweep
-from kvlib.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
+from kvlib.models import corpus, zoo
+from kvlib.models.sources import TINYLLAMA
+from kvlib.checks.agreement import AgreementConfig
+from kvlib.budget.plan import parse_budgets, similar_presets
+from kvlib.codec.spec import resolve_codec
+from kvlib.checks.decoding import DecodingChecks
+from kvlib.checks.retrieval import RetrievalConfig
+from kvlib.budget.sensitivity import CalibrationConfig
+from kvlib.runs.setup import check_parameters
+from kvlib.runs.sweep import default_schemes, run_sweep
+from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
 
 _R, _A = RetrievalConfig(), AgreementConfig()  # the defaults the help text states
@@ -35,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="force CPU even when CUDA is available")
     p.add_argument("--threshold", type=float, default=KVQUANT_THRESHOLD, help="maximum perplexity delta (default 0.5)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
-    p.add_argument("--model", default=models.EMBEDDED,
-                   help=f"'{models.EMBEDDED}' (SmolLM2-135M, offline), a zoo model (--list-models), a .gguf file, "
-                   f"a Hugging Face directory, or an HF id, e.g. {models.TINYLLAMA}")
+    p.add_argument("--model", default=zoo.EMBEDDED,
+                   help=f"'{zoo.EMBEDDED}' (SmolLM2-135M, offline), a zoo model (--list-models), a .gguf file, "
+                   f"a Hugging Face directory, or an HF id, e.g. {TINYLLAMA}")
     p.add_argument("--list-models", action="store_true", help="list the offline model zoo and exit")
     p.add_argument("--corpus", default=corpus.EMBEDDED, help=f"'{corpus.EMBEDDED}' (Python docs), '{corpus.WIKITEXT}' (datasets), or a text file")
     p.add_argument("--scheme", action="append", default=None,
@@ -110,7 +112,7 @@ def check_output_path(path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_models:
-        print(zoo.format_models(models.list_models()))
+        print(zoo.format_models(zoo.list_models()))
         return 0
     try:
         specs = list(args.scheme or [])

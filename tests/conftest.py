@@ -11,8 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # for kvq_reference
 
-from kvlib import bridge  # noqa: E402
-from kvlib.cache import TINYLLAMA_HEAD_DIM, TINYLLAMA_NUM_KV_HEADS, TINYLLAMA_NUM_LAYERS  # noqa: E402
+from kvlib.codec import binary as bridge  # noqa: E402
+from kvlib.cache.io import TINYLLAMA_HEAD_DIM, TINYLLAMA_NUM_KV_HEADS, TINYLLAMA_NUM_LAYERS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
@@ -76,6 +76,6 @@ def tiny_dir(tmp_path_factory, tiny_llama, tiny_tokenizer):
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M model and tokenizer (about 20 s to load)."""
-    from kvlib.models import load_model_and_tokenizer
+    from kvlib.models.sources import load_model_and_tokenizer
 
     return load_model_and_tokenizer("embedded", device="cpu")

@@ -18,11 +18,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvlib import cli
-from kvlib.bridge import CLICacheRoundtrip
-from kvlib.cache import cache_layers, load_kv_cache, save_kv_cache
-from kvlib.generate import greedy_continue, prefill, stack_caches
-from kvlib.layout import FULL, cache_like, context_cache, layout_of, model_layout, new_cache
-from kvlib.perplexity import score_windows
+from kvlib.transforms.codec import CLICacheRoundtrip
+from kvlib.cache.io import load_kv_cache, save_kv_cache
+from kvlib.cache.layout import cache_layers
+from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
+from kvlib.cache.layout import FULL, cache_like, context_cache, layout_of, model_layout, new_cache
+from kvlib.scoring.perplexity import score_windows
 
 WINDOW = 32  # sliding window of the sliding models: far shorter than a context
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,

@@ -8,12 +8,11 @@ import random
 import pytest
 import torch
 
-from kvlib.allocate import allocate, solve
-from kvlib.cache import cache_layers
-from kvlib.codec import resolve_codec
-from kvlib.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, measure_sensitivity,
-                               resolve_candidates, score_variant)
-from kvlib.transforms import cache_transforms
+from kvlib.budget.allocate import allocate, solve
+from kvlib.cache.layout import cache_layers
+from kvlib.codec.spec import resolve_codec
+from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, measure_sensitivity, resolve_candidates, score_variant)
+from kvlib.transforms.codec import cache_transforms
 
 
 def test_knapsack_is_exact_against_brute_force():
@@ -129,8 +128,8 @@ def test_allocation_meets_the_budget_and_its_spec_reconstructs_the_mix(tiny_llam
 
 
 def test_sweep_with_a_budget_validates_the_mix_and_reuses_the_sensitivity(tiny_dir, tmp_path):
-    from kvlib import budget_report
-    from kvlib.sweep import run_sweep
+    from kvlib.report import budget as budget_report
+    from kvlib.runs.sweep import run_sweep
 
     kw = dict(model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), device="cpu", stride=128,
               max_windows=3, context_length=256, peers=False, verbose=False, results=tmp_path / "store",
@@ -150,8 +149,8 @@ def test_sweep_with_a_budget_validates_the_mix_and_reuses_the_sensitivity(tiny_d
 
 
 def test_calibration_on_the_evaluated_corpus_comes_after_its_windows(tiny_dir, tiny_tokenizer):
-    from kvlib.budget import calibration_tokens
-    from kvlib.corpus import load_corpus, tokenize
+    from kvlib.budget.plan import calibration_tokens
+    from kvlib.models.corpus import load_corpus, tokenize
 
     text = load_corpus(str(tiny_dir / "corpus.txt"))
     ids = tokenize(tiny_tokenizer, text)

@@ -39,7 +39,8 @@ def test_python_dash_m(cli):
 
 import pytest  # noqa: E402
 
-from kvlib import bridge, models  # noqa: E402
+from kvlib.codec import cli as bridge  # noqa: E402
+from kvlib.models import sources as models
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from kvlib.codec import CodecConfig, Scheme, SchemeError, presets, resolve_codec
+from kvlib.codec.spec import CodecConfig, Scheme, SchemeError, presets, resolve_codec
 
 PRESETS = ["int4", "int8", "asym4", "kivi4", "kivi2", "rot4", "rot3", "lm2rot", "lm3rot", "lm4rot", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
 

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvlib import codec_server
-from kvlib.bridge import CLICacheRoundtrip
-from kvlib.cache import cache_layers
-from kvlib.codec import presets, resolve_codec
-from kvlib.codec_server import CodecServer, CodecServerError, ServerCacheRoundtrip, SharedContext
-from kvlib.layout import CacheLayout, layout_of, make_cache
+from kvlib.codec import server as codec_server
+from kvlib.transforms.codec import CLICacheRoundtrip
+from kvlib.cache.layout import cache_layers
+from kvlib.codec.spec import presets, resolve_codec
+from kvlib.codec.server import CodecServer, CodecServerError, SharedContext
+from kvlib.transforms.codec import ServerCacheRoundtrip
+from kvlib.cache.layout import CacheLayout, layout_of, make_cache
 
 TIMES = ("codec_time_ms", "processing_time_ms")
 
@@ -86,8 +87,8 @@ def test_context_written_once_for_every_scheme(server):
 
 def test_scoring_run_is_identical_with_either_backend(embedded, tmp_path, monkeypatch):
     """score_schemes on the embedded model: every number of every scheme equal, server or file CLI."""
-    from kvlib.corpus import load_corpus, tokenize
-    from kvlib.sweep import score_schemes
+    from kvlib.models.corpus import load_corpus, tokenize
+    from kvlib.runs.sweep import score_schemes
 
     lm, tok = embedded
     ids = tokenize(tok, load_corpus("embedded"))[:, :1400]
@@ -145,7 +146,7 @@ def test_a_server_that_cannot_start_means_the_file_cli(tmp_path, monkeypatch, ca
         CodecServer(cli="/bin/false")
     monkeypatch.setattr(codec_server, "_shared", None)
     monkeypatch.setattr(codec_server, "CodecServer", lambda: (_ for _ in ()).throw(CodecServerError("no luck")))
-    from kvlib.transforms import cache_transforms
+    from kvlib.transforms.codec import cache_transforms
 
     ts, _ = cache_transforms([resolve_codec("int4")], tmp_path, "m")
     assert isinstance(ts["int4"], CLICacheRoundtrip)
@@ -160,8 +161,9 @@ def test_nothing_is_left_behind(cli, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent("""
         import sys, time, torch
-        from kvlib.codec_server import CodecServer, ServerCacheRoundtrip
-        from kvlib.layout import make_cache
+        from kvlib.codec.server import CodecServer
+        from kvlib.transforms.codec import ServerCacheRoundtrip
+        from kvlib.cache.layout import make_cache
         s = CodecServer()
         ServerCacheRoundtrip(s, "int4", "m")(make_cache([(torch.randn(1, 2, 64, 64), torch.randn(1, 2, 64, 64))]))
         print(s.proc.pid, flush=True)
@@ -190,9 +192,9 @@ def test_nothing_is_left_behind(cli, tmp_path):
 def test_overlapped_scoring_gives_the_same_numbers(embedded, tmp_path):
     """With the codec of window w in a second thread during window w+1's forward, every window's
     NLLs, KLD and top-1 are those of the sequential loop, with the peer as well."""
-    from kvlib.corpus import load_corpus, tokenize
-    from kvlib.perplexity import score_windows
-    from kvlib.transforms import cache_transforms
+    from kvlib.models.corpus import load_corpus, tokenize
+    from kvlib.scoring.perplexity import score_windows
+    from kvlib.transforms.codec import cache_transforms
 
     lm, tok = embedded
     ids = tokenize(tok, load_corpus("embedded"))[:, :1400]
@@ -207,7 +209,7 @@ def test_overlapped_scoring_gives_the_same_numbers(embedded, tmp_path):
 
 def test_one_request_per_window_for_all_schemes(server, tiny_llama):
     """score_windows sends each window's context once, with every scheme in one request."""
-    from kvlib.perplexity import score_windows
+    from kvlib.scoring.perplexity import score_windows
 
     ctx = SharedContext("m")
     ts = {s: ServerCacheRoundtrip(server, s, "m", context=ctx) for s in ("int4", "kivi4", "q8_0")}

@@ -13,8 +13,9 @@ import torch
 from test_architectures import ARCHS, BASE, word_corpus
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from kvlib import crossmodel, crossmodel_report
-from kvlib.crossmodel import _spearman
+from kvlib.runs import crossmodel
+from kvlib.report import crossmodel as crossmodel_report
+from kvlib.runs.crossmodel import _spearman
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvlib.bridge import CLICacheRoundtrip
-from kvlib.cache import cache_layers
-from kvlib.codec_server import CodecServer, ServerCacheRoundtrip, SharedContext
-from kvlib.layout import CacheLayout, make_cache
-from kvlib.pinned import is_pinned
+from kvlib.transforms.codec import CLICacheRoundtrip
+from kvlib.cache.layout import cache_layers
+from kvlib.codec.server import CodecServer, SharedContext
+from kvlib.transforms.codec import ServerCacheRoundtrip
+from kvlib.cache.layout import CacheLayout, make_cache
+from kvlib.codec.pinned import is_pinned
 from test_codec_server import random_cache
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -48,9 +49,9 @@ def test_gpu_reconstructions_equal_the_file_cli(cli, tmp_path, dtype):
 
 
 def test_gpu_scoring_is_identical_overlapped_or_not(cli, tiny_llama, tmp_path, monkeypatch):
-    from kvlib.codec import resolve_codec
-    from kvlib.perplexity import score_windows
-    from kvlib.transforms import cache_transforms
+    from kvlib.codec.spec import resolve_codec
+    from kvlib.scoring.perplexity import score_windows
+    from kvlib.transforms.codec import cache_transforms
 
     model = tiny_llama.to("cuda")
     ids = torch.randint(3, 64, (1, 900), generator=torch.Generator().manual_seed(0))

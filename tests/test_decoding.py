@@ -11,14 +11,15 @@ import sys
 import pytest
 import torch
 
-from kvlib import agreement, decoding_report, retrieval
-from kvlib.agreement import AgreementConfig, cut_prompts, first_divergence, run_agreement
-from kvlib.bridge import CLICacheRoundtrip
-from kvlib.cache import cache_layers, make_cache
-from kvlib.codec import resolve_codec
-from kvlib.decoding import DecodingChecks
-from kvlib.generate import greedy_continue, prefill, stack_caches
-from kvlib.retrieval import RetrievalConfig, build_haystack, build_haystacks, run_retrieval
+from kvlib.report import decoding as decoding_report
+from kvlib.checks import retrieval
+from kvlib.checks.agreement import AgreementConfig, cut_prompts, first_divergence, run_agreement
+from kvlib.transforms.codec import CLICacheRoundtrip
+from kvlib.cache.layout import cache_layers, make_cache
+from kvlib.codec.spec import resolve_codec
+from kvlib.checks.decoding import DecodingChecks
+from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
+from kvlib.checks.retrieval import RetrievalConfig, build_haystack, build_haystacks, run_retrieval
 
 TINY_R = RetrievalConfig(lengths=(256, 384), depths=(0.0, 0.5, 1.0))
 TINY_A = AgreementConfig(prompts=3, context_tokens=96, new_tokens=6)
@@ -131,8 +132,8 @@ def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, c
 @pytest.mark.parametrize("backend", ["server", "cli"])
 def test_cli_roundtrip_context_is_saved_once_for_all_codecs(smol, tmp_path, cli, backend, monkeypatch):
     lm, tok = smol
-    from kvlib.codec_server import ServerCacheRoundtrip
-    from kvlib.transforms import cache_transforms
+    from kvlib.transforms.codec import ServerCacheRoundtrip
+    from kvlib.transforms.codec import cache_transforms
 
     monkeypatch.setenv("KVLIB_CODEC", backend)
     ts, missing = cache_transforms([resolve_codec("int4"), resolve_codec("q8_0")], tmp_path, "smol", slots=2)
@@ -159,7 +160,7 @@ def test_prompts_are_evenly_spaced_and_do_not_overlap():
 
 def test_identity_agrees_fully_and_a_broken_cache_diverges(smol, tmp_path):
     lm, tok = smol
-    from kvlib import corpus
+    from kvlib.models import corpus
 
     ids = corpus.tokenize(tok, corpus.load_corpus("embedded"))
     r = run_agreement(lm, tok, ids, [], tmp_path, TINY_A, transforms={"identity": identity, "zeroed": zeroed})
@@ -214,12 +215,12 @@ def test_cli_rejects_bad_checks_before_loading(args, msg, cli):
 def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
     """Each batch's answers and continuations per scheme go to the results store; a second run
     reads them all back (nothing prefilled or decoded) and reports the same numbers."""
-    import kvlib.agreement
-    import kvlib.retrieval
-    from kvlib.corpus import load_corpus, tokenize
-    from kvlib.provenance import RunIdentity
-    from kvlib.store import ResultsStore
-    from kvlib.units import CheckUnits
+    import kvlib.checks.agreement
+    import kvlib.checks.retrieval
+    from kvlib.models.corpus import load_corpus, tokenize
+    from kvlib.scoring.provenance import RunIdentity
+    from kvlib.scoring.store import ResultsStore
+    from kvlib.scoring.units import CheckUnits
 
     lm, tok = smol
     ident = RunIdentity("m", "float32", "cpu", "tok", "ids", "code", "versions", 2048, 512)
@@ -238,7 +239,7 @@ def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
 
     first = both()
     assert len(store) == 2 * 2 + 2  # retrieval: 2 lengths x (exact, int8); agreement: exact, int8
-    for mod in (kvlib.retrieval, kvlib.agreement):
+    for mod in (kvlib.checks.retrieval, kvlib.checks.agreement):
         monkeypatch.setattr(mod, "prefill", lambda *a, **k: pytest.fail("prefilled a stored unit"))
     again = both()
     assert [numbers(d) for d in again] == [numbers(d) for d in first]

@@ -11,25 +11,28 @@ from pathlib import Path
 
 import pytest
 
-from kvlib import cli, models, zoo
+from kvlib import cli
+
+from kvlib.models import sources as models_sources
+from kvlib.models import zoo
 
 
 def test_embedded_names(monkeypatch):
     for spec in ("embedded", "smollm2-135m"):
-        src = models.resolve_model(spec)
-        assert src.kind == "embedded" and src.gguf_file == models.EMBEDDED_GGUF
+        src = models_sources.resolve_model(spec)
+        assert src.kind == "zoo" and src.gguf_file == zoo.EMBEDDED_GGUF
 
 
 def test_gguf_file_and_directory(tmp_path):
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF" + b"\0" * 20)
-    assert models.resolve_model(str(f)) == models.ModelSource(str(f), "gguf", str(tmp_path), "m.gguf", "m.gguf (GGUF)")
-    assert models.resolve_model(str(tmp_path)).gguf_file == "m.gguf"  # a directory holding exactly one
+    assert models_sources.resolve_model(str(f)) == models_sources.ModelSource(str(f), "gguf", str(tmp_path), "m.gguf", "m.gguf (GGUF)")
+    assert models_sources.resolve_model(str(tmp_path)).gguf_file == "m.gguf"  # a directory holding exactly one
     (tmp_path / "n.gguf").write_bytes(b"GGUF")
     with pytest.raises(ValueError, match=r"holds 2 \.gguf files \(m\.gguf, n\.gguf\)"):
-        models.resolve_model(str(tmp_path))
+        models_sources.resolve_model(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
-    assert models.resolve_model(str(tmp_path)).kind == "dir"  # a Hugging Face directory wins
+    assert models_sources.resolve_model(str(tmp_path)).kind == "dir"  # a Hugging Face directory wins
 
 
 @pytest.mark.parametrize("make,error", [
@@ -42,13 +45,13 @@ def test_gguf_file_and_directory(tmp_path):
 def test_bad_model_paths_are_one_line_errors(tmp_path, make, error):
     spec = str(make(tmp_path))
     with pytest.raises((ValueError, FileNotFoundError), match=error) as e:
-        models.resolve_model(spec)
+        models_sources.resolve_model(spec)
     assert spec in str(e.value) and "\n" not in str(e.value)
 
 
 def test_hub_ids_pass_through():
-    assert models.resolve_model("TinyLlama/TinyLlama-1.1B-Chat-v1.0").kind == "hub"
-    assert models.resolve_model("gpt2").kind == "hub"
+    assert models_sources.resolve_model("TinyLlama/TinyLlama-1.1B-Chat-v1.0").kind == "hub"
+    assert models_sources.resolve_model("gpt2").kind == "hub"
 
 
 def test_cli_bad_model_fails_before_loading(tmp_path, capsys):
@@ -63,7 +66,7 @@ def test_list_models(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     for name in ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
         assert name in out
-    rows = {r["name"]: r for r in models.list_models()}
+    rows = {r["name"]: r for r in zoo.list_models()}
     assert rows["smollm2-135m"]["fetched"] and not rows["gemma3-270m"]["fetched"]
     assert rows["gemma3-270m"]["architecture"] == "gemma3"
 
@@ -105,7 +108,7 @@ def test_fetch_joins_in_numeric_order_and_verifies(fake_zoo):
     assert path == m.path and path.read_bytes() == joined
     assert sorted(p.name for p in path.parent.iterdir()) == ["test.gguf"]  # no temp files left
     assert zoo.fetch(m.name, progress=False) == path  # a second call does not download
-    src = models.resolve_model(m.name)
+    src = models_sources.resolve_model(m.name)
     assert src.kind == "zoo" and Path(src.path) / src.gguf_file == path
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kvlib.cache import cache_layers, make_cache
-from kvlib.perplexity import evaluate_windows, plan_windows
+from kvlib.cache.layout import cache_layers, make_cache
+from kvlib.scoring.perplexity import evaluate_windows, plan_windows
 
 
 def hf_recipe_windows(n, max_length, stride):
@@ -81,8 +81,8 @@ def test_a_damaged_cache_changes_perplexity(tiny_llama):
 def test_embedded_model_through_the_real_cli(embedded, tmp_path, cli):
     """Integration: SmolLM2 on real WikiText-2 text, 3 windows, every context through kv-compress."""
     from conftest import WIKITEXT
-    from kvlib.bridge import CLICacheRoundtrip
-    from kvlib.corpus import load_corpus, tokenize
+    from kvlib.transforms.codec import CLICacheRoundtrip
+    from kvlib.models.corpus import load_corpus, tokenize
 
     model, tok = embedded
     text = load_corpus(str(WIKITEXT)) if WIKITEXT.exists() else load_corpus("embedded")

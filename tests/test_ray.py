@@ -31,7 +31,7 @@ def test_ray_gives_the_serial_result(tiny_dir, tmp_path, cluster):  # noqa: F811
 
 
 def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, monkeypatch):  # noqa: F811
-    from kvlib import executor
+    from kvlib.scoring import executor
 
     run, killed = executor.RayExecutor.run, []
 
@@ -52,7 +52,7 @@ def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, monkeypatc
 
 
 def test_an_unreachable_cluster_is_one_line(tiny_dir, tmp_path):  # noqa: F811
-    from kvlib.executor import RayUnavailable, ray_init
+    from kvlib.scoring.executor import RayUnavailable, ray_init
 
     if ray.is_initialized():
         ray.shutdown()

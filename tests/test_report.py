@@ -142,7 +142,7 @@ def test_every_plot_is_an_embedded_image(rendered):
 def test_run_log_timings_are_a_table(rendered):
     """The run log shows the timings as a table of steps, not a Python dict."""
     page, data, html = rendered
-    from kvlib.report import fmt_seconds
+    from kvlib.report.common import fmt_seconds
 
     t, timing = page.tables["kvlib-timing"], data["timing"]
     assert t["model load"] == fmt_seconds(timing["model_load_s"]) and t["total"] == fmt_seconds(timing["total_s"])

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from kvlib import models
-from kvlib.store import ResultsStore, StoreError, unit_key
-from kvlib.sweep import run_sweep
+from kvlib.models import sources as models
+from kvlib.scoring.store import ResultsStore, StoreError, unit_key
+from kvlib.runs.sweep import run_sweep
 
 TIMING = ("seconds", "codec_time_ms", "processing_time_ms", "transform_seconds")
 
@@ -69,7 +69,7 @@ def test_resume_add_a_scheme_and_a_finished_run(tiny_dir, tmp_path, monkeypatch)
     assert whole.timing["units_computed"] == 10 and whole.timing["units_reused"] == 0
 
     # A run killed after two windows keeps them; the rerun computes the other three.
-    from kvlib import units
+    from kvlib.scoring import units
 
     record, calls = units.ScoringPlan.record, []
 
@@ -144,8 +144,8 @@ def test_two_writers_of_one_key_never_show_a_partial_file(tmp_path, capsys):
 
 
 def test_a_finished_run_with_decoding_checks_loads_no_model(tiny_dir, tmp_path, monkeypatch):
-    from kvlib.agreement import AgreementConfig
-    from kvlib.decoding import DecodingChecks
+    from kvlib.checks.agreement import AgreementConfig
+    from kvlib.checks.decoding import DecodingChecks
 
     checks = DecodingChecks(agreement=AgreementConfig(prompts=2, context_tokens=64, new_tokens=3))
     first = sweep(tiny_dir, tmp_path / "s", checks=checks)

@@ -8,11 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from kvlib import peer, sweep
+from kvlib.transforms import peer
+from kvlib import dtypes
 from kvlib.gates import PPL_DELTA_THRESHOLD
-from kvlib.stats import KLDSummary, bootstrap_delta_ci
-from kvlib.sweep import SchemeResult, recommend, run_sweep
-from kvlib.validate import run_full_validation
+from kvlib.scoring.stats import KLDSummary, bootstrap_delta_ci
+from kvlib.runs.sweep import SchemeResult, recommend, run_sweep
+from kvlib.runs.validate import run_full_validation
 
 SMALL = dict(corpus_name="embedded", max_windows=2, context_length=512, stride=256, verbose=False, progress=False)
 
@@ -58,8 +59,9 @@ def test_sweep_results_equal_single_scheme_runs_exactly(small_sweep):
 
 def test_identity_transform_has_no_divergence(cli):
     """The exact cache through the split path: KLD 0 (to float rounding) and top-1 100 %."""
-    from kvlib import corpus, models
-    from kvlib.perplexity import score_windows
+    from kvlib.models import corpus
+    from kvlib.models import sources as models
+    from kvlib.scoring.perplexity import score_windows
 
     lm, tok = models.load_model_and_tokenizer("embedded", device="cpu")
     ids = corpus.tokenize(tok, corpus.load_corpus("embedded"))
@@ -121,17 +123,17 @@ def test_missing_peer_is_reported_and_the_sweep_goes_on(monkeypatch, cli):
 def test_duplicate_and_bad_schemes_fail_first(cli):
     with pytest.raises(ValueError, match="listed twice"):
         run_sweep(["int4", "sym4/g64"], **SMALL)
-    from kvlib.codec import SchemeError
+    from kvlib.codec.spec import SchemeError
 
     with pytest.raises(SchemeError, match="unknown scheme"):
         run_sweep(["int4", "int5"], **SMALL)
     with pytest.raises(ValueError, match="dtype 'float8'"):
-        sweep.resolve_dtype("float8", "cpu")
+        dtypes.resolve_dtype("float8", "cpu")
 
 
 def test_sweep_report_shows_the_result(small_sweep):
     """Banner, ranked table and plots from the SweepResult: what the notebook displays."""
-    from kvlib import sweep_report
+    from kvlib.report import sweep as sweep_report
 
     r = small_sweep
     banner = sweep_report.banner(r).data

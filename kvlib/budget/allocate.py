@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvlib.codec import CodecConfig, resolve_codec
-from kvlib.sensitivity import ROLES, Sensitivity, resolve_candidates
+from kvlib.codec.spec import CodecConfig, resolve_codec
+from kvlib.budget.sensitivity import ROLES, Sensitivity, resolve_candidates
 
 
 @dataclass(frozen=True)

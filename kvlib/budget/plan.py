@@ -14,15 +14,14 @@ from typing import Any, Callable
 
 import torch
 
-from kvlib import corpus as corpora
-from kvlib.allocate import Allocation, allocate
-from kvlib.codec import CodecConfig, preset_bits, resolve_codec
-from kvlib.perplexity import plan_windows
-from kvlib.provenance import RunIdentity, ids_digest
-from kvlib.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, measure_sensitivity,
-                               resolve_candidates)
-from kvlib.store import ResultsStore, unit_key
-from kvlib.transforms import cache_transforms
+from kvlib.models import corpus as corpora
+from kvlib.budget.allocate import Allocation, allocate
+from kvlib.codec.spec import CodecConfig, preset_bits, resolve_codec
+from kvlib.scoring.perplexity import plan_windows
+from kvlib.scoring.provenance import RunIdentity, ids_digest
+from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, measure_sensitivity, resolve_candidates)
+from kvlib.scoring.store import ResultsStore, unit_key
+from kvlib.transforms.codec import cache_transforms
 
 
 @dataclass

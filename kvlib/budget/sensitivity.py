@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from kvlib.cache import cache_layers
-from kvlib.codec import CodecConfig, resolve_codec
-from kvlib.layout import layout_of, make_cache, new_cache
+from kvlib.cache.layout import cache_layers
+from kvlib.codec.spec import CodecConfig, resolve_codec
+from kvlib.cache.layout import layout_of, make_cache, new_cache
 
 ROLES = ("key", "value")
 # The candidates a slot may take: 2.25, 3.25, 4.25 and 8.5 bits. At 3 and 4 bits the symmetric

@@ -19,7 +19,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import DynamicCache  # noqa: F401  (the type callers get back)
 
-from kvlib.layout import FULL, CacheLayout, layout_of, make_cache, new_cache
+from kvlib.cache.layout import FULL, CacheLayout, layout_of, make_cache, new_cache
+from kvlib.cache.layout import cache_layers
+from kvlib.dtypes import stored
 
 # TinyLlama-1.1B-Chat geometry, the design documents' reference model.
 TINYLLAMA_NUM_LAYERS = 22
@@ -29,7 +31,6 @@ TINYLLAMA_HEAD_DIM = 64
 TINYLLAMA_HIDDEN_SIZE = 2048
 TINYLLAMA_VOCAB_SIZE = 32000
 
-_SAVED_DTYPES = {torch.float32: "float32", torch.float16: "float16"}
 
 
 @dataclass
@@ -67,14 +68,6 @@ class KVCacheMetadata:
         )
 
 
-def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(key, value) per layer of a DynamicCache (transformers 4.x or 5.x) or a legacy tuple cache."""
-    if hasattr(cache, "layers"):  # transformers >= 4.56
-        return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "keys", None) is not None]
-    if hasattr(cache, "key_cache"):  # older DynamicCache
-        return list(zip(cache.key_cache, cache.value_cache))
-    return [(k, v) for k, v, *_ in cache]
-
 
 def _check_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     if not layers:
@@ -104,10 +97,6 @@ def metadata_of(cache: Any, model_name: str = "unknown") -> KVCacheMetadata:
         layer_windows=layout.to_string() if layout.sliding else "",
     )
 
-
-def default_device() -> str:
-    """CUDA when available, else CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @torch.no_grad()
@@ -169,10 +158,9 @@ def save_kv_cache(
     tensors: dict[str, torch.Tensor] = {}
     for i, (k, v) in enumerate(layers):
         for kind, t in (("key", k), ("value", v)):
-            if t.dtype not in _SAVED_DTYPES:
-                t = t.float()
+            t = t.to(stored(t.dtype).torch)
             tensors[f"layer_{i}_{kind}"] = t.detach().to("cpu").contiguous()
-    header = file_metadata(meta, _SAVED_DTYPES[tensors["layer_0_key"].dtype])
+    header = file_metadata(meta, stored(tensors["layer_0_key"].dtype).name)
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     os.close(fd)

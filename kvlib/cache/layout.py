@@ -58,6 +58,15 @@ class CacheLayout:
         return cls(tuple(int(x) for x in s.split(",")), seen)
 
 
+def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(key, value) per layer of a DynamicCache (transformers 4.x or 5.x) or a legacy tuple cache."""
+    if hasattr(cache, "layers"):  # transformers >= 4.56
+        return [(layer.keys, layer.values) for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    if hasattr(cache, "key_cache"):  # older DynamicCache
+        return list(zip(cache.key_cache, cache.value_cache))
+    return [(k, v) for k, v, *_ in cache]
+
+
 def unsupported_layer(layer: Any, index: int) -> str | None:
     """Why a cache layer is not key/value tensors kvlib can compress (None if it is)."""
     if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
@@ -144,8 +153,6 @@ def cache_like(template: Any, layers: list[tuple[torch.Tensor, torch.Tensor]]) -
 def context_cache(cache: Any, n: int) -> DynamicCache:
     """The cache of the first ``n`` tokens, cut from a ``new_cache`` that saw more, laid out
     as the model would hold it after seeing exactly those n tokens."""
-    from kvlib.cache import cache_layers
-
     layout = CacheLayout(layout_of(cache).windows, n)
     cut = []
     for i, (k, v) in enumerate(cache_layers(cache)):

@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from kvlib.codec import CodecConfig
-from kvlib.generate import greedy_continue, prefill, stack_caches
-from kvlib.provenance import digest
-from kvlib.transforms import cache_transforms, transform_spec
-from kvlib.units import CheckUnits
+from kvlib.codec.spec import CodecConfig
+from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
+from kvlib.scoring.provenance import digest
+from kvlib.transforms.base import unit_key_of
+from kvlib.transforms.codec import cache_transforms
+from kvlib.scoring.units import CheckUnits
 
 EXACT = "exact"
 
@@ -140,7 +141,7 @@ def run_agreement(model: Any, tokenizer: Any, ids: torch.Tensor, codecs: list[Co
                                                slots=config.prompts)
     units = units or CheckUnits(None, None, "agreement")
     inputs = digest([prompts, config.new_tokens])
-    specs = {EXACT: "exact", **{k: transform_spec(t) for k, t in transforms.items()}}
+    specs = {EXACT: "exact", **{k: unit_key_of(t) for k, t in transforms.items()}}
     contexts, t_prefill = None, 0.0  # prefilled when some scheme is not in the store
     last = torch.tensor([[p[-1]] for p in prompts])
     results = []

@@ -14,13 +14,12 @@ from typing import Any
 
 import torch
 
-from kvlib.agreement import AgreementConfig, AgreementResult, prompt_starts, run_agreement
-from kvlib.codec import CodecConfig
-from kvlib.provenance import RunIdentity
-from kvlib.retrieval import (RetrievalConfig, RetrievalResult, build_haystacks, lengths_within, model_context,
-                             run_retrieval)
-from kvlib.store import ResultsStore
-from kvlib.units import CheckUnits
+from kvlib.checks.agreement import AgreementConfig, AgreementResult, prompt_starts, run_agreement
+from kvlib.codec.spec import CodecConfig
+from kvlib.scoring.provenance import RunIdentity
+from kvlib.checks.retrieval import (RetrievalConfig, RetrievalResult, build_haystacks, lengths_within, model_context, run_retrieval)
+from kvlib.scoring.store import ResultsStore
+from kvlib.scoring.units import CheckUnits
 
 
 @dataclass(frozen=True)

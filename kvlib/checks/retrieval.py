@@ -21,12 +21,13 @@ from typing import Any
 
 import torch
 
-from kvlib.codec import CodecConfig
-from kvlib.generate import greedy_continue, prefill, stack_caches
-from kvlib.layout import model_layout
-from kvlib.provenance import digest
-from kvlib.transforms import cache_transforms, transform_spec
-from kvlib.units import CheckUnits
+from kvlib.codec.spec import CodecConfig
+from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
+from kvlib.cache.layout import model_layout
+from kvlib.scoring.provenance import digest
+from kvlib.transforms.base import unit_key_of
+from kvlib.transforms.codec import cache_transforms
+from kvlib.scoring.units import CheckUnits
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.")
@@ -261,7 +262,7 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
         transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers,
                                                slots=config.cells_per_length)
     names = [EXACT, *transforms]
-    specs = {EXACT: "exact", **{k: transform_spec(t) for k, t in transforms.items()}}
+    specs = {EXACT: "exact", **{k: unit_key_of(t) for k, t in transforms.items()}}
     answers: dict[str, list[Answer]] = {k: [] for k in names}
     seconds = dict.fromkeys(names, 0.0)
     t_prefill = 0.0

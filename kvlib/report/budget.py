@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from kvlib.report import Figure, fmt
-from kvlib.sweep import MIX_PREFIX, SweepResult
+from kvlib.report.common import Figure, fmt
+from kvlib.runs.sweep import MIX_PREFIX, SweepResult
 
 ROLE_NAMES = ("keys", "values")
 

@@ -10,9 +10,10 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvlib.crossmodel import CrossModelResult, points, snr_correlation
+from kvlib.runs.crossmodel import CrossModelResult, points, snr_correlation
 from kvlib.gates import CI_LEVEL
-from kvlib.report import Figure, fmt
+from kvlib.report.common import Figure, fmt
+from kvlib.report.common import timing_table as _timing_table
 
 
 def _as_dict(result: CrossModelResult | dict[str, Any]) -> dict[str, Any]:
@@ -193,6 +194,4 @@ def banner(result: CrossModelResult | dict[str, Any]):
 
 def timing_table(result: CrossModelResult | dict[str, Any]):
     """Each model's sweep time and the total."""
-    from kvlib.report import timing_table as table
-
-    return table(_as_dict(result).get("timing") or {})
+    return _timing_table(_as_dict(result).get("timing") or {})

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LinearSegmentedColormap
 
-from kvlib.report import Figure, fmt
+from kvlib.report.common import Figure, fmt
 
 _CMAP = LinearSegmentedColormap.from_list("kvlib_retrieval", ["#cf222e", "#f2cc60", "#1a7f37"])
 

@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kvlib.gates import CI_LEVEL, CI_METHOD
-from kvlib.report import Figure, fmt, mark_sliding_layers
-from kvlib.sweep import MIX_PREFIX, SweepResult
+from kvlib.report.common import Figure, fmt, mark_sliding_layers
+from kvlib.runs.sweep import MIX_PREFIX, SweepResult
 
 PEER_COLOR, KVQ_COLOR, FAIL_COLOR = "#8250df", "#1f77b4", "#cf222e"
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from kvlib import corpus, models
-from kvlib.decoding import DecodingChecks
+from kvlib.models import corpus
+from kvlib.models.sources import resolve_model
+from kvlib.checks.decoding import DecodingChecks
 from kvlib.gates import PPL_DELTA_THRESHOLD
-from kvlib.sweep import run_sweep, write_json
+from kvlib.runs.sweep import run_sweep, write_json
 
 ZOO_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 ZOO_SCHEMES = ("int4", "kivi4", "rot4", "q4_0", "q8_0")
@@ -70,7 +71,7 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
     if not model_names:
         raise ValueError("no models to compare")
     for m in model_names:  # a bad name or path fails before the first long sweep; zoo models are fetched now
-        models.resolve_model(m)
+        resolve_model(m)
     t0 = time.perf_counter()
     sweeps, seconds = [], {}
     for m in model_names:

@@ -22,24 +22,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvlib import bridge, cache, corpus, layout, models
-from kvlib.bridge import CompressionMetrics
-from kvlib.codec import LOSSLESS_SUFFIX, CodecConfig, resolve_codec
-from kvlib.decoding import DecodingChecks, readings, run_decoding_checks
+from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
+from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates
+from kvlib.cache.layout import geometry
+from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
+from kvlib.codec.metrics import CompressionMetrics, pool_tensors
+from kvlib.codec.spec import LOSSLESS_SUFFIX, CodecConfig, presets, resolve_codec
+from kvlib.env import flag
 from kvlib.gates import CI_LEVEL, CI_METHOD, PPL_DELTA_THRESHOLD, robust, verdict
-from kvlib.perplexity import PerplexityResult, plan_windows
-from kvlib.stats import KLDSummary, bootstrap_delta_ci
-from kvlib import provenance
-from kvlib.executor import RayExecutor, ScoringJob, SerialExecutor
-from kvlib.provenance import RunIdentity
-from kvlib.store import ResultsStore, unit_key
-from kvlib.transforms import CODEC_TRANSFORMS, cache_transforms
-from kvlib.budget import calibration_tokens, parse_budgets, plan_mixes
-from kvlib.sensitivity import CalibrationConfig, resolve_candidates
-from kvlib.units import ScoringPlan, decode, encode
+from kvlib.models import corpus
+from kvlib.models.zoo import EMBEDDED
+from kvlib.runs.setup import RunParams, RunSetup, prepare_run
+from kvlib.scoring.executor import RayExecutor, ScoringJob, SerialExecutor
+from kvlib.scoring.perplexity import PerplexityResult, plan_windows
+from kvlib.scoring.provenance import RunIdentity
+from kvlib.scoring.stats import KLDSummary, bootstrap_delta_ci
+from kvlib.scoring.store import ResultsStore, unit_key
+from kvlib.scoring.units import ScoringPlan, decode, encode
+from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
+from kvlib.transforms.codec import cache_transforms
 
 MIX_PREFIX = "mix@"  # the name of a budget's mixed scheme: mix@3.25
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -71,10 +74,10 @@ class SchemeResult:
     seconds: float = 0.0  # codec round trips of this scheme
     compression: dict[str, Any] = field(default_factory=dict)  # pooled codec metrics, per tensor included
     error: str = ""  # why a peer could not run
-    retrieval_found: float = math.nan  # pass keys found (kvlib.retrieval), NaN when not run
+    retrieval_found: float = math.nan  # pass keys found (kvlib.checks.retrieval), NaN when not run
     retrieval_total: float = math.nan
     retrieval_dropped: float = math.nan  # haystacks the exact cache answers and this scheme does not
-    generation_agreement: float = math.nan  # % of greedy tokens equal to the exact cache's (kvlib.agreement)
+    generation_agreement: float = math.nan  # % of greedy tokens equal to the exact cache's (kvlib.checks.agreement)
     generation_divergence: float = math.nan  # mean position of the first differing token
 
     @property
@@ -152,7 +155,7 @@ def _layer_snr(comp: CompressionMetrics | None, role: str) -> list[float]:
     for t in comp.tensors:
         parts = t["name"].split("_")
         if len(parts) == 3 and parts[0] == "layer" and parts[2] == role:
-            out[int(parts[1])] = bridge.pool_tensors([t], "")["snr_db"]
+            out[int(parts[1])] = pool_tensors([t], "")["snr_db"]
     return [out[i] for i in sorted(out)]
 
 
@@ -174,8 +177,8 @@ def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, thresh
         context_compressed_perplexity=ppl.context_compressed_perplexity, context_delta=ppl.context_delta,
         ci_low=lo, ci_high=hi, kld_mean=kld.mean, kld_median=kld.median, kld_p99=kld.p99,
         top1_agreement=100 * sum(w.top1_agree for w in ctx) / n.sum() if n.sum() else math.nan,
-        keys=bridge.pool_tensors(comp.tensors, "_key") if comp else {},
-        values=bridge.pool_tensors(comp.tensors, "_value") if comp else {},
+        keys=pool_tensors(comp.tensors, "_key") if comp else {},
+        values=pool_tensors(comp.tensors, "_value") if comp else {},
         layer_key_snr_db=_layer_snr(comp, "key"), layer_value_snr_db=_layer_snr(comp, "value"),
         window_deltas=[w.compressed_ppl - w.baseline_ppl for w in ctx], seconds=seconds,
         compression=comp.to_dict() if comp else {},
@@ -212,13 +215,6 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
     return best.name, sentence
 
 
-def peer_spec(nbits: int) -> str:
-    """The peer's spec as results show it and as it enters a unit's key."""
-    from kvlib.peer import PEER_GROUP
-
-    return f"transformers QuantizedCache, quanto int{nbits}, group {PEER_GROUP}, residual 0"
-
-
 def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, codecs: list[CodecConfig],
                   workdir: str | os.PathLike, model_name: str, threshold: float = PPL_DELTA_THRESHOLD,
                   peers: bool = False, max_windows: int | None = None, progress: bool = False,
@@ -233,14 +229,12 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     With ``store`` and ``identity``, finished units are read from the store and new ones
     written to it as each window finishes; ``executor`` (default in-process; needs ``job``)
     computes the missing ones. The merged result does not depend on which did what."""
-    from kvlib.peer import PEER_BITS, peer_name, peer_unavailable, quanto_version
-
-    missing_peer = peer_unavailable() if peers else None
-    specs = {c.name: c.spec for c in codecs}
-    if peers and missing_peer is None:
-        specs.update({peer_name(b): peer_spec(b) for b in PEER_BITS})
-    keyed = {k: v if k in {c.name for c in codecs} else f"{v}, optimum-quanto {quanto_version()}"
-             for k, v in specs.items()}
+    missing_peer = peers_unavailable() if peers else None
+    peer_list = peer_transforms() if peers else []
+    # name -> (kind, spec as shown, spec as keyed): what each transform computes, before any is built
+    described = {c.name: (CodecRoundtrip.kind, c.spec, c.spec) for c in codecs}
+    if missing_peer is None:
+        described.update({t.name: (t.kind, t.spec, t.key) for t in peer_list})
     made: dict[str, Any] = {}
 
     def load() -> Any:
@@ -255,7 +249,8 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
 
     t0 = time.perf_counter()
     plan = ScoringPlan(identity or _anonymous(max_length, stride), plan_windows(ids.shape[1], max_length, stride,
-                                                                                  max_windows), keyed)
+                                                                                  max_windows),
+                       {name: key for name, (_, _, key) in described.items()})
     done, missing = plan.lookup(store if identity is not None else None)
 
     def on_window(index: int, outcomes: dict[str, Any]) -> None:
@@ -267,15 +262,13 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     executor.run(job or _job_for(codecs, peers, max_length, stride, max_windows, model_name), ids, missing, on_window)
     res = plan.merge(done, time.perf_counter() - t0)
     out = []
-    for name, spec in specs.items():
-        kind = "kvq" if name in {c.name for c in codecs} else "peer"
+    for name, (kind, spec, _) in described.items():
         out.append(scheme_result(name, spec, kind, res[name], threshold, res[name].transform_seconds))
-    if peers and missing_peer is not None:
-        out += [SchemeResult(name=peer_name(b), spec="transformers QuantizedCache (quanto)", kind="peer",
-                             error=missing_peer) for b in PEER_BITS]
-    clis = [t for t in made.get("ts", {}).values() if isinstance(t, CODEC_TRANSFORMS)]
+    if missing_peer is not None:
+        out += [SchemeResult(name=t.name, spec=t.spec, kind=t.kind, error=missing_peer) for t in peer_list]
+    clis = [t for t in made.get("ts", {}).values() if isinstance(t, CodecRoundtrip)]
     timing = {f"bridge_{k}_s": sum(t.seconds[k] for t in clis) for k in ("save", "cli", "load")}
-    timing["units_reused"] = float(len(plan.windows) * len(specs) - sum(len(v) for v in missing.values()))
+    timing["units_reused"] = float(len(plan.windows) * len(described) - sum(len(v) for v in missing.values()))
     timing["units_computed"] = float(sum(len(v) for v in missing.values()))
     timing.update(getattr(executor, "seconds", {}) or {})
     return out, res[codecs[0].name], timing
@@ -294,7 +287,7 @@ def _job_for(codecs: list[CodecConfig], peers: bool, max_length: int, stride: in
 
 def run_sweep(
     codecs: list[CodecConfig | str] | None = None,
-    model: str = models.EMBEDDED,
+    model: str = EMBEDDED,
     corpus_name: str = corpus.EMBEDDED,
     device: str | None = None,
     dtype: str | None = None,
@@ -337,60 +330,32 @@ def run_sweep(
         resolve_candidates(cal_cfg.candidates)
     if len({c.name for c in resolved}) != len(resolved):
         raise ValueError("a scheme is listed twice: " + ", ".join(c.name for c in resolved))
-    check_parameters(threshold, stride, max_windows, context_length)
-    device = device or cache.default_device()
-    torch_dtype = resolve_dtype(dtype, device)
-    text = corpus.load_corpus(corpus_name)
-    store = None if results is False else ResultsStore.open(None if results in (None, True) else results, fresh)
-    src = models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
-    say = print if verbose else (lambda *a, **k: None)
-    name = models.model_display_name(model)
-    tok, config = models.load_tokenizer_and_config(model)
-    ids = corpus.tokenize(tok, text)
-    L = context_length or models.context_length(config)
-    check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
-    identity = provenance.identify(src, tok, ids, torch_dtype, device, L, stride, bridge.find_cli_binary())
-    if store is not None:
-        say(f"Results store: {store.root}" + (" (--fresh: not reading it)" if fresh else ""))
-    loaded: dict[str, Any] = {}
-
-    def load() -> Any:
-        if "lm" not in loaded:
-            say(f"Loading {name} ({dtype_name(torch_dtype)}, {device})...")
-            t = time.perf_counter()
-            loaded["lm"], _ = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
-            loaded["t"] = time.perf_counter() - t
-        return loaded["lm"]
-
-    geometry = _geometry(store, identity, load)  # a cache kvlib cannot compress fails here, before any window
+    run = prepare_run(RunParams(model, corpus_name, device, dtype, threshold, stride, max_windows, context_length,
+                                results, fresh), verbose)
+    geometry = model_geometry(run)  # a cache kvlib cannot compress fails here, before any window
     planned, mixes = None, {}
     if sensitivity:
-        cal = calibration_tokens(cal_cfg, text, ids, tok, L, stride, max_windows)
-        with tempfile.TemporaryDirectory(prefix="kvlib-budget-") as tmp:
-            found, planned = plan_mixes(load, cal_cfg, budgets, cal, L, workdir or tmp, name, store, identity, say,
-                                        verbose if progress is None else progress)
-        mixes = {m.name: f"{MIX_PREFIX}{b:g}" for m, b in zip(found, budgets)}
-        resolved += [m for m in dict.fromkeys(found) if m.name not in {c.name for c in resolved}]
-    lazy = models.LazyModel(load, config)  # the decoding checks load it only for a unit not stored
-    checks.check_inputs(lazy, tok, ids.shape[1], text.name)
-    executor, job = None, None
-    if ray or os.environ.get("RAY_ADDRESS") or os.environ.get("KVLIB_RAY", "") in ("1", "true", "True"):
-        executor = RayExecutor(address=ray if isinstance(ray, str) else None)
-        job = _job_for(resolved, peers, L, stride, max_windows, name, model, device, dtype_name(torch_dtype))
+        resolved, planned, mixes = _add_mixes(run, resolved, cal_cfg, budgets, workdir,
+                                              verbose if progress is None else progress)
+    lazy = run.lazy()  # the decoding checks load it only for a unit not stored
+    checks.check_inputs(lazy, run.tokenizer, run.ids.shape[1], run.text.name)
+    executor, job = executor_for(run, resolved, peers, ray)
     names = ", ".join(mixes.get(c.name, c.name) for c in resolved) + (
         " + the transformers QuantizedCache peer" if peers else "")
-    say(f"Scoring {names} on {text.name} ({ids.shape[1]} tokens, window {L}, stride {stride})...")
+    run.say(f"Scoring {names} on {run.text.name} ({run.ids.shape[1]} tokens, window {run.context_length}, "
+            f"stride {stride})...")
     t0 = time.perf_counter()
-    loaded_before = "lm" in loaded
+    loaded_before = "lm" in run.loaded
     progress = verbose if progress is None else progress
     with tempfile.TemporaryDirectory(prefix="kvlib-sweep-") as tmp:
         schemes, first, timing = score_schemes(
-            load, ids, L, stride, resolved, workdir or tmp, name, threshold, peers, max_windows, progress,
-            store=store, identity=identity, executor=executor, job=job)
-        seconds = time.perf_counter() - t0 - (0.0 if loaded_before else loaded.get("t", 0.0))
-        say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
-        retrieval, agreement = run_decoding_checks(lazy, tok, ids, resolved, checks, workdir or tmp, name, text.name,
-                                                   peers, progress, store=store, identity=identity)
+            run.load, run.ids, run.context_length, stride, resolved, workdir or tmp, run.name, threshold, peers,
+            max_windows, progress, store=run.store, identity=run.identity, executor=executor, job=job)
+        seconds = time.perf_counter() - t0 - (0.0 if loaded_before else run.model_load_s)
+        run.say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
+        retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, resolved, checks, workdir or tmp,
+                                                   run.name, run.text.name, peers, progress, store=run.store,
+                                                   identity=run.identity)
     for s in schemes:
         for k, v in readings(s.name, retrieval, agreement).items():
             setattr(s, k, v)
@@ -398,14 +363,14 @@ def run_sweep(
     schemes.sort(key=lambda s: (bool(s.error), not s.passed, s.bits_per_element, s.context_delta))
     rec, sentence = recommend(schemes)
     result = SweepResult(
-        model=models.model_display_name(model), corpus=text.name, device=device, dtype=dtype_name(torch_dtype),
-        threshold=threshold, stride=stride, context_length=L, windows=first.num_windows,
+        model=run.name, corpus=run.text.name, device=run.device, dtype=run.dtype_name,
+        threshold=threshold, stride=stride, context_length=run.context_length, windows=first.num_windows,
         scored_tokens=first.scored_tokens, context_windows=sum(w.compressed for w in first.windows),
         context_scored_tokens=first.context_scored_tokens, baseline_perplexity=first.baseline_perplexity,
         context_baseline_perplexity=first.context_baseline_perplexity, schemes=schemes, recommended=rec,
         recommendation=sentence,
         kv_geometry=geometry,
-        timing={"total_s": time.perf_counter() - t_start, "model_load_s": loaded.get("t", 0.0), "scoring_s": seconds,
+        timing={"total_s": time.perf_counter() - t_start, "model_load_s": run.model_load_s, "scoring_s": seconds,
                 "scored_tokens_per_s": first.scored_tokens / seconds if seconds else math.nan, **timing,
                 **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),
                 **({"agreement_s": agreement.timing["total_s"]} if agreement else {})},
@@ -416,6 +381,31 @@ def run_sweep(
     if verbose:
         print_sweep(result)
     return result
+
+
+def _add_mixes(run: RunSetup, resolved: list[CodecConfig], cal_cfg: CalibrationConfig, budgets: list[float],
+               workdir: Any, progress: bool) -> tuple[list[CodecConfig], Any, dict[str, str]]:
+    """Measure the slots' sensitivity on the calibration windows and add each budget's mix to the
+    schemes: (schemes, the plan, {mix spec's name: mix@BUDGET})."""
+    cal = calibration_tokens(cal_cfg, run.text, run.ids, run.tokenizer, run.context_length, run.params.stride,
+                             run.params.max_windows)
+    with tempfile.TemporaryDirectory(prefix="kvlib-budget-") as tmp:
+        found, planned = plan_mixes(run.load, cal_cfg, budgets, cal, run.context_length, workdir or tmp, run.name,
+                                    run.store, run.identity, run.say, progress)
+    mixes = {m.name: f"{MIX_PREFIX}{b:g}" for m, b in zip(found, budgets)}
+    resolved = resolved + [m for m in dict.fromkeys(found) if m.name not in {c.name for c in resolved}]
+    return resolved, planned, mixes
+
+
+def executor_for(run: RunSetup, codecs: list[CodecConfig], peers: bool, ray: bool | str
+                 ) -> tuple[Any, ScoringJob | None]:
+    """Where the missing units run: in process (None), or on Ray when ``ray`` (True or an address),
+    RAY_ADDRESS or KVLIB_RAY=1 asks for it."""
+    if not (ray or os.environ.get("RAY_ADDRESS") or flag("KVLIB_RAY")):
+        return None, None
+    p = run.params
+    return RayExecutor(address=ray if isinstance(ray, str) else None), _job_for(
+        codecs, peers, run.context_length, p.stride, p.max_windows, run.name, p.model, run.device, run.dtype_name)
 
 
 def renamed(d: Any, names: dict[str, str]) -> Any:
@@ -435,56 +425,21 @@ def renamed(d: Any, names: dict[str, str]) -> Any:
     return d
 
 
-def _geometry(store: ResultsStore | None, identity: RunIdentity, load: Any) -> dict[str, Any]:
+def model_geometry(run: RunSetup) -> dict[str, Any]:
     """The model's cache geometry: from the store, or from the model (loaded now, so that a
     cache kvlib cannot compress fails before any window)."""
-    unit = store.get(unit_key(identity.geometry())) if store is not None else None
+    unit = run.store.get(unit_key(run.identity.geometry())) if run.store is not None else None
     if unit is not None:
         return unit["geometry"]
-    geometry = layout.geometry(load())
-    if store is not None:
-        store.put(identity.geometry(), {"geometry": geometry})
-    return geometry
+    found = geometry(run.load())
+    if run.store is not None:
+        run.store.put(run.identity.geometry(), {"geometry": found})
+    return found
 
 
 def default_schemes() -> list[str]:
     """What a sweep compares when not told: every preset, and int4 with the lossless stage."""
-    from kvlib.codec import presets
-
     return [*presets(), "int4" + LOSSLESS_SUFFIX]
-
-
-def resolve_dtype(dtype: str | None, device: str) -> torch.dtype:
-    """float32 on CPU and float16 on CUDA unless asked; ValueError names the choices."""
-    if dtype is None or dtype == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
-
-
-def dtype_name(dt: torch.dtype) -> str:
-    return str(dt).removeprefix("torch.")
-
-
-def check_corpus_length(name: str, num_tokens: int, max_length: int, stride: int, max_windows: int | None) -> None:
-    """A corpus too short for any window with a compressed context is an input error."""
-    if not any(w.context_tokens > 0 for w in plan_windows(num_tokens, max_length, min(stride, max_length), max_windows)):
-        raise ValueError(f"corpus {name} has {num_tokens} tokens: too short for a window with a compressed "
-                         f"context (needs more than {min(stride, max_length) + 1} at stride {stride})")
-
-
-def check_parameters(threshold: float, stride: int, max_windows: int | None, context_length: int | None) -> None:
-    """Reject impossible parameters before anything slow starts (ValueError naming the parameter)."""
-    if not math.isfinite(threshold):
-        raise ValueError(f"threshold {threshold} is not a finite number")
-    if context_length is not None and context_length < 2:
-        raise ValueError(f"context_length {context_length} must be at least 2")
-    if not 0 < stride <= (context_length or 2048):
-        raise ValueError(f"stride {stride} must be in [1, {context_length or 2048}] (the window length)")
-    if max_windows is not None and max_windows < 2:
-        raise ValueError(f"max_windows {max_windows} must be at least 2 (window 0 has no context to compress) "
-                         "or None for the whole corpus")
 
 
 def print_sweep(r: SweepResult) -> None:

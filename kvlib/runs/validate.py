@@ -18,12 +18,19 @@ from typing import Any
 
 import torch
 
-from kvlib import bridge, cache, corpus, layout, models, provenance
-from kvlib.codec import CodecConfig, resolve_codec
-from kvlib.decoding import DecodingChecks, run_decoding_checks
+from kvlib.cache import io as cache
+from kvlib.cache.layout import cache_layers, make_cache
+from kvlib.checks.decoding import DecodingChecks, run_decoding_checks
+from kvlib.codec.binary import BUILD_HINT, check_cli_available
+from kvlib.codec.cli import compress_kv_cache, decompress_kv_cache
+from kvlib.codec.metrics import pool_tensors, print_metrics_report
+from kvlib.codec.spec import CodecConfig, resolve_codec
 from kvlib.gates import CI_LEVEL, PPL_DELTA_THRESHOLD
-from kvlib.store import ResultsStore
-from kvlib.sweep import check_corpus_length, check_parameters, dtype_name, resolve_dtype, score_schemes, write_json
+from kvlib.models import corpus
+from kvlib.models.zoo import EMBEDDED
+from kvlib.runs.setup import RunParams, RunSetup, prepare_run
+from kvlib.runs.sweep import executor_for, model_geometry, score_schemes, write_json
+from kvlib.scoring.store import unit_key
 
 KVQUANT_THRESHOLD = PPL_DELTA_THRESHOLD  # the design documents' name
 
@@ -91,32 +98,44 @@ def _say(verbose: bool, *args: Any) -> None:
         print(*args, flush=True)
 
 
-def check_sample_roundtrip(lm: Any, tok: Any, ids: torch.Tensor, codec: CodecConfig, workdir: Path, name: str,
-                           device: str, verbose: bool) -> None:
-    """Steps 2-4: a 256-token cache of the corpus, checked against the model's
-    geometry, compressed to a file, decompressed and loaded back, checked again."""
-    geometry = cache.expected_geometry(lm.config)
+def check_sample_roundtrip(run: RunSetup, codec: CodecConfig, workdir: Path, verbose: bool) -> dict[str, Any]:
+    """Steps 2-4: a 256-token cache of the corpus, checked against the model's geometry, compressed
+    to a file, decompressed and loaded back, checked again. A unit of the results store like the
+    others (what it printed is kept), so a finished validation loads no model."""
+    key = {**run.identity.geometry(), "kind": "sample_roundtrip", "scheme": codec.spec}
+    unit = run.store.get(unit_key(key)) if run.store is not None else None
+    if unit is None:
+        unit = _sample_roundtrip(run.load(), run.tokenizer, run.ids, codec, workdir, run.name, run.device)
+        if run.store is not None:
+            run.store.put(key, unit)
     _say(verbose, "[2/6] Generating KV cache...")
+    _say(verbose, f"    Generated: {unit['num_layers']} layers, {unit['seq_len']} tokens, {unit['total_mb']:.2f} MB "
+                  f"({unit['dtype']}); shape matches the config")
+    _say(verbose, "[3/6] Compressing KV cache with kv-compress...")
+    _say(verbose, f"    Sample ({unit['seq_len']} tokens): ratio {unit['ratio']:.2f}x, RMSE {unit['rmse']:.6f}, "
+                  f"SNR {unit['snr_db']:.2f} dB")
+    _say(verbose, "[4/6] Loading reconstructed KV cache...\n    Reconstructed cache loaded; shape matches")
+    return unit
+
+
+def _sample_roundtrip(lm: Any, tok: Any, ids: torch.Tensor, codec: CodecConfig, workdir: Path, name: str,
+                      device: str) -> dict[str, Any]:
+    geometry = cache.expected_geometry(lm.config)
     kv, meta = cache.extract_kv_cache(lm, tok, tok.decode(ids[0, :256]), max_length=256, device=device)
     ok, problems = cache.validate_kv_cache_shape(kv, **geometry)
     if not ok:
         raise RuntimeError("KV cache does not match the model config: " + "; ".join(problems))
     stats = cache.compute_kv_cache_stats(kv)
-    _say(verbose, f"    Generated: {meta.num_layers} layers, {meta.seq_len} tokens, {stats['total_mb']:.2f} MB "
-                  f"({meta.dtype}); shape matches the config")
-    _say(verbose, "[3/6] Compressing KV cache with kv-compress...")
     sample, packed, back = workdir / "sample.safetensors", workdir / "sample.kvq.safetensors", workdir / "sample.restored.safetensors"
     cache.save_kv_cache(kv, sample, model_name=name)
-    m = bridge.compress_kv_cache(sample, packed, codec=codec)
-    _say(verbose, f"    Sample ({meta.seq_len} tokens): ratio {m.compression_ratio:.2f}x, "
-                  f"RMSE {m.rmse:.6f}, SNR {m.snr_db:.2f} dB")
-    _say(verbose, "[4/6] Loading reconstructed KV cache...")
-    bridge.decompress_kv_cache(packed, back)
+    m = compress_kv_cache(sample, packed, codec=codec)
+    decompress_kv_cache(packed, back)
     restored, _ = cache.load_kv_cache(back, device=device)
     ok, problems = cache.validate_kv_cache_shape(restored, **geometry)
     if not ok:
         raise RuntimeError("reconstructed cache has the wrong shape: " + "; ".join(problems))
-    _say(verbose, "    Reconstructed cache loaded; shape matches")
+    return {"num_layers": meta.num_layers, "seq_len": meta.seq_len, "total_mb": stats["total_mb"], "dtype": meta.dtype,
+            "ratio": m.compression_ratio, "rmse": m.rmse, "snr_db": m.snr_db}
 
 
 def _validation_result(ppl: Any, scheme: Any, codec: CodecConfig, threshold: float, model: str, corpus_name: str,
@@ -161,7 +180,7 @@ def run_full_validation(
     device: str | None = None,
     threshold: float = KVQUANT_THRESHOLD,
     verbose: bool = True,
-    model: str = models.EMBEDDED,
+    model: str = EMBEDDED,
     corpus_name: str = corpus.EMBEDDED,
     codec: CodecConfig | str | None = None,
     stride: int = 512,
@@ -173,63 +192,50 @@ def run_full_validation(
     checks: DecodingChecks = DecodingChecks(),
     results: str | os.PathLike | None | bool = None,
     fresh: bool = False,
+    ray: bool | str = False,
 ) -> ValidationResult:
     """Run the six steps and return the result (see the module docstring for the gate).
 
     ``codec`` is a CodecConfig, preset name or spec (default int4); ``checks``
-    adds pass-key retrieval and generation agreement against the exact cache."""
+    adds pass-key retrieval and generation agreement against the exact cache. Finished units
+    are read from the results store (a finished validation loads no model); ``ray`` computes
+    the missing windows on Ray, as in a sweep."""
     bar = "=" * 60
     t_start = time.perf_counter()
-    if not bridge.check_cli_available():
-        raise RuntimeError(f"Go CLI not found. {bridge.BUILD_HINT}")
+    if not check_cli_available():
+        raise RuntimeError(f"Go CLI not found. {BUILD_HINT}")
     codec = resolve_codec(codec)  # a bad scheme fails before anything loads
-    check_parameters(threshold, stride, max_windows, context_length)
-    device = device or cache.default_device()
-    torch_dtype = resolve_dtype(dtype, device)
-    text = corpus.load_corpus(corpus_name)  # a bad corpus fails before the slow model load
-    store = None if results is False else ResultsStore.open(None if results in (None, True) else results, fresh)
-    src = models.resolve_model(model)  # a bad model path fails now; a zoo model is fetched now
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
-
-    _say(verbose, f"[1/6] Loading {models.model_display_name(model)}...")
-    t = time.perf_counter()
-    lm, tok = models.load_model_and_tokenizer(model, device=device, dtype=torch_dtype)
-    geometry = layout.geometry(lm)  # a cache kvlib cannot compress fails here, before any window
-    name = models.model_display_name(model)
-    _say(verbose, f"    Model loaded on {device}\n    Config: {geometry['num_layers']} layers "
+    run = prepare_run(RunParams(model, corpus_name, device, dtype, threshold, stride, max_windows, context_length,
+                                results, fresh), verbose)
+    _say(verbose, f"[1/6] {run.name}")
+    geometry = model_geometry(run)  # a cache kvlib cannot compress fails here, before any window
+    _say(verbose, f"    Device {run.device}\n    Config: {geometry['num_layers']} layers "
                   f"({geometry['layers']}), {geometry['num_kv_heads']} KV heads "
                   f"({geometry['num_query_heads']} query heads), head_dim {geometry['head_dim']}")
-    t_model = time.perf_counter() - t
-
-    ids = corpus.tokenize(tok, text)
-    own_tmp = None
-    if workdir is None:
-        own_tmp = tempfile.TemporaryDirectory(prefix="kvlib-")
-        workdir = own_tmp.name
-    try:
-        check_sample_roundtrip(lm, tok, ids, codec, Path(workdir), name, device, verbose)
-        L = context_length or models.context_length(lm)
-        check_corpus_length(text.name, ids.shape[1], L, stride, max_windows)
-        checks.check_inputs(lm, tok, ids.shape[1], text.name)
-        _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {text.name} "
-                      f"({ids.shape[1]} tokens, window {L}, stride {stride}"
+    progress = verbose if progress is None else progress
+    L, lazy = run.context_length, run.lazy()
+    with tempfile.TemporaryDirectory(prefix="kvlib-") as tmp:
+        work = Path(workdir or tmp)
+        check_sample_roundtrip(run, codec, work, verbose)
+        checks.check_inputs(lazy, run.tokenizer, run.ids.shape[1], run.text.name)
+        _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {run.text.name} "
+                      f"({run.ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")
-        identity = provenance.identify(src, tok, ids, torch_dtype, device, L, stride, bridge.find_cli_binary())
+        executor, job = executor_for(run, [codec], False, ray)
         (scheme,), ppl, bridge_timing = score_schemes(
-            lm, ids, L, stride, [codec], Path(workdir) / "windows", name, threshold, peers=False,
-            max_windows=max_windows, progress=verbose if progress is None else progress, store=store,
-            identity=identity)
-        retrieval, agreement = run_decoding_checks(lm, tok, ids, [codec], checks, workdir, name, text.name,
-                                                   progress=verbose if progress is None else progress, store=store,
-                                                   identity=identity)
-    finally:
-        if own_tmp is not None:
-            own_tmp.cleanup()
-
-    result = _validation_result(ppl, scheme, codec, threshold, name, text.name, device, dtype_name(torch_dtype),
-                                stride, L, geometry)
-    result.timing = {"total_s": time.perf_counter() - t_start, "model_load_s": t_model, "perplexity_s": ppl.seconds,
-                     "bridge_s": ppl.transform_seconds, **bridge_timing,
+            run.load, run.ids, L, stride, [codec], work / "windows", run.name, threshold, peers=False,
+            max_windows=max_windows, progress=progress, store=run.store, identity=run.identity,
+            executor=executor, job=job)
+        _say(verbose, f"    Units: {bridge_timing['units_computed']:.0f} computed, "
+                      f"{bridge_timing['units_reused']:.0f} read from the store")
+        retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, [codec], checks, work, run.name,
+                                                   run.text.name, progress=progress, store=run.store,
+                                                   identity=run.identity)
+    result = _validation_result(ppl, scheme, codec, threshold, run.name, run.text.name, run.device,
+                                run.dtype_name, stride, L, geometry)
+    result.timing = {"total_s": time.perf_counter() - t_start, "model_load_s": run.model_load_s,
+                     "perplexity_s": ppl.seconds, "bridge_s": ppl.transform_seconds, **bridge_timing,
                      "scored_tokens_per_s": ppl.scored_tokens / ppl.seconds if ppl.seconds else math.nan,
                      **({"retrieval_s": retrieval.timing["total_s"]} if retrieval else {}),
                      **({"agreement_s": agreement.timing["total_s"]} if agreement else {})}
@@ -282,7 +288,7 @@ def synthetic_cache(num_layers: int = cache.TINYLLAMA_NUM_LAYERS, num_kv_heads: 
     """A random N(0, std^2) cache of the given geometry (TinyLlama's by default)."""
     g = torch.Generator().manual_seed(seed)
     shape = (1, num_kv_heads, seq_len, head_dim)
-    return cache.make_cache([(torch.randn(shape, generator=g) * std, torch.randn(shape, generator=g) * std)
+    return make_cache([(torch.randn(shape, generator=g) * std, torch.randn(shape, generator=g) * std)
                              for _ in range(num_layers)])
 
 
@@ -290,23 +296,23 @@ def run_quick_test(verbose: bool = True, codec: CodecConfig | str | None = None,
                    workdir: str | os.PathLike | None = None) -> ValidationResult:
     """Pipeline check with no model: a synthetic TinyLlama-geometry cache through
     save -> kv-compress compress -> decompress -> load, checked against the CLI's quality gates."""
-    if not bridge.check_cli_available():
-        raise RuntimeError(f"Go CLI not found. {bridge.BUILD_HINT}")
+    if not check_cli_available():
+        raise RuntimeError(f"Go CLI not found. {BUILD_HINT}")
     codec = resolve_codec(codec)
     kv = synthetic_cache()
     with tempfile.TemporaryDirectory(prefix="kvlib-quick-") as tmp:
         d = Path(workdir or tmp)
         t0 = time.perf_counter()
         meta = cache.save_kv_cache(kv, d / "synthetic.safetensors", model_name="synthetic (TinyLlama geometry)")
-        m = bridge.compress_kv_cache(d / "synthetic.safetensors", d / "synthetic.kvq.safetensors",
+        m = compress_kv_cache(d / "synthetic.safetensors", d / "synthetic.kvq.safetensors",
                                      codec=codec)
-        bridge.decompress_kv_cache(d / "synthetic.kvq.safetensors", d / "synthetic.restored.safetensors")
+        decompress_kv_cache(d / "synthetic.kvq.safetensors", d / "synthetic.restored.safetensors")
         restored, _ = cache.load_kv_cache(d / "synthetic.restored.safetensors")
         seconds = time.perf_counter() - t0
     ok, problems = cache.validate_kv_cache_shape(restored)
     # Independent check of the CLI's numbers from the restored tensors.
-    orig = torch.cat([t.reshape(-1) for kv_ in cache.cache_layers(kv) for t in kv_]).double()
-    back = torch.cat([t.reshape(-1) for kv_ in cache.cache_layers(restored) for t in kv_]).double()
+    orig = torch.cat([t.reshape(-1) for kv_ in cache_layers(kv) for t in kv_]).double()
+    back = torch.cat([t.reshape(-1) for kv_ in cache_layers(restored) for t in kv_]).double()
     rmse = float((back - orig).pow(2).mean().sqrt())
     agree = math.isclose(rmse, m.rmse, rel_tol=1e-6)
     passed = m.passed and ok and agree
@@ -319,13 +325,13 @@ def run_quick_test(verbose: bool = True, codec: CodecConfig | str | None = None,
         cosine_similarity=m.cosine_similarity, passed=passed, model="none (synthetic N(0, 0.5^2) cache)",
         corpus="none", scheme=codec.spec, scheme_name=codec.name, max_error=m.max_error, quality_level=m.quality_level,
         quality_passed=m.passed, violations=m.violations + problems,
-        keys=bridge.pool_tensors(m.tensors, "_key"), values=bridge.pool_tensors(m.tensors, "_value"),
+        keys=pool_tensors(m.tensors, "_key"), values=pool_tensors(m.tensors, "_value"),
         kv_geometry={"num_layers": meta.num_layers, "num_kv_heads": meta.num_kv_heads, "head_dim": meta.head_dim,
                      "seq_len": meta.seq_len},
         timing={"total_s": seconds}, compression=m.to_dict(), verdict=verdict,
     )
     if verbose:
-        bridge.print_metrics_report(m, f"Quick test: synthetic cache {meta.num_layers} layers x "
+        print_metrics_report(m, f"Quick test: synthetic cache {meta.num_layers} layers x "
                                        f"{meta.num_kv_heads} KV heads x {meta.seq_len} tokens x {meta.head_dim}")
         print(f"  [{'OK' if passed else 'FAIL'}] {verdict}")
     return result

@@ -12,6 +12,7 @@ store (no shared filesystem). An actor that dies is restarted and its window rec
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -20,8 +21,13 @@ from typing import Any, Callable
 
 import torch
 
-from kvlib.perplexity import score_windows
-from kvlib.units import Outcome, decode, encode
+from kvlib.codec.server import shared_server
+from kvlib.codec.spec import resolve_codec
+from kvlib.dtypes import torch_dtype
+from kvlib.models.sources import load_model_and_tokenizer
+from kvlib.transforms.codec import cache_transforms
+from kvlib.scoring.perplexity import score_windows
+from kvlib.scoring.units import Outcome, decode, encode
 
 OnWindow = Callable[[int, "dict[str, Outcome]"], None]
 
@@ -76,19 +82,23 @@ class _Worker:
     """A Ray actor's state: the model, tokenizer and transforms, loaded once."""
 
     def __init__(self, job: ScoringJob) -> None:
-        from kvlib import models
-        from kvlib.codec import resolve_codec
-        from kvlib.sweep import DTYPES
-        from kvlib.transforms import cache_transforms
-
         if job.threads:
             torch.set_num_threads(job.threads)
         self.job = job
         device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else job.device
-        self.lm, _ = models.load_model_and_tokenizer(job.model, device=device, dtype=DTYPES[job.dtype])
-        self._tmp = tempfile.TemporaryDirectory(prefix="kvlib-worker-")
-        self.transforms, _ = cache_transforms([resolve_codec(c) for c in job.codecs], self._tmp.name,
+        self.lm, _ = load_model_and_tokenizer(job.model, device=device, dtype=torch_dtype(job.dtype))
+        # A work directory only where the file CLI needs one: Ray ends its actors without running
+        # finalizers, so a directory made here would outlive them (close() removes it before).
+        self._tmp = None if shared_server() is not None else tempfile.TemporaryDirectory(prefix="kvlib-worker-")
+        workdir = self._tmp.name if self._tmp is not None else tempfile.gettempdir()
+        self.transforms, _ = cache_transforms([resolve_codec(c) for c in job.codecs], workdir,
                                               job.model_name, job.peers)
+
+    def close(self) -> None:
+        """Remove the work directory (called before the actor is killed)."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
     def pid(self) -> int:
         return os.getpid()
@@ -125,8 +135,6 @@ def ray_init(address: str | None = None, num_cpus: int | None = None) -> Any:
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
     """A cluster address (host:port, or ray://host:port) that takes no TCP connection fails
     now, in one line, instead of after Ray's minute of retries."""
-    import socket
-
     hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
     if hostport in ("auto", "local") or ":" not in hostport:
         return
@@ -186,6 +194,10 @@ class RayExecutor:
                     index, got = ray.get(ref)
                     on_window(index, {k: decode(v) for k, v in got.items()})
         finally:
+            try:
+                ray.get([a.close.remote() for a in self.actors], timeout=30)
+            except Exception:  # an actor that is gone has nothing left to remove
+                pass
             for a in self.actors:
                 ray.kill(a)
             self.seconds = {"ray_start_s": t1 - t0, "ray_units_s": time.perf_counter() - t1}

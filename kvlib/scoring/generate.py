@@ -13,8 +13,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from kvlib.cache import cache_layers
-from kvlib.layout import layout_of, make_cache, new_cache
+from kvlib.cache.layout import cache_layers
+from kvlib.cache.layout import layout_of, make_cache, new_cache
 
 
 def model_device(model: Any) -> torch.device:

@@ -26,8 +26,10 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from kvlib.bridge import CompressionMetrics, pool_metrics
-from kvlib.layout import context_cache, new_cache
+from kvlib.models.corpus import load_corpus, tokenize
+from kvlib.models.sources import context_length
+from kvlib.codec.metrics import CompressionMetrics, pool_metrics
+from kvlib.cache.layout import context_cache, new_cache
 
 # A cache transform returns the cache to attend to and, optionally, the codec's metrics.
 CacheTransform = Callable[[Any], "tuple[Any, CompressionMetrics | None]"]
@@ -357,9 +359,6 @@ def compute_perplexity(
     ``dataset_config`` may also be "embedded" or a text file path; ``max_samples``
     and ``max_windows`` both limit the number of windows.
     """
-    from kvlib.corpus import load_corpus, tokenize
-    from kvlib.models import context_length
-
     corpus = load_corpus(dataset_config, dataset_name=dataset_name, split=split)
     ids = tokenize(tokenizer, corpus)
     limit = max_windows if max_windows is not None else max_samples

@@ -1,5 +1,5 @@
 """What a number depends on: the identity of a scoring run, from which each unit's content
-key is made (``kvlib.store``). The model (its weights file's sha256, or hub id + revision),
+key is made (``kvlib.scoring.store``). The model (its weights file's sha256, or hub id + revision),
 the dtype, the device type, the tokenizer, the corpus's token ids, the window plan, and the
 code that computes it: kvlib's own source, the kv-compress binary, and the torch and
 transformers versions. Nothing else enters a key; a change to any of these makes new keys.
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -17,46 +16,16 @@ from typing import Any
 
 import torch
 
-from kvlib.models import ModelSource
-from kvlib.perplexity import Window
+from kvlib.env import file_sha256
+from kvlib.models.sources import ModelSource, model_identity
+from kvlib.scoring.perplexity import Window
 
-_KVLIB = Path(__file__).resolve().parent
-_WEIGHTS = (".safetensors", ".bin", ".gguf", ".json", ".model", ".txt", ".jinja")
-
-
-@lru_cache(maxsize=None)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+_KVLIB = Path(__file__).resolve().parents[1]  # the package root: every subpackage's source counts
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file, computed once per (path, size, mtime) in a process."""
-    st = os.stat(path)
-    return _sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-
-
-def model_identity(src: ModelSource) -> str:
-    """The weights a model's numbers come from: a GGUF file's sha256; a directory's files'
-    (names and sha256s of its weights, config and tokenizer files); or, for a hub id, the
-    revision of the local snapshot transformers would load ("unresolved" when none is cached)."""
-    if src.gguf_file:
-        return "gguf:" + file_sha256(Path(src.path) / src.gguf_file)
-    if src.kind == "dir":
-        files = sorted(p for p in Path(src.path).iterdir() if p.is_file() and p.suffix in _WEIGHTS)
-        listing = {p.name: file_sha256(p) for p in files}
-        return "dir:" + hashlib.sha256(json.dumps(listing, sort_keys=True).encode()).hexdigest()
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        cfg = try_to_load_from_cache(src.path, "config.json")
-        rev = Path(cfg).parent.name if isinstance(cfg, str) else "unresolved"
-    except ImportError:
-        rev = "unresolved"
-    return f"hub:{src.path}@{rev}"
+def code_files() -> list[Path]:
+    """Every Python file of kvlib, subpackages included, in a fixed order."""
+    return sorted(_KVLIB.rglob("*.py"), key=lambda p: p.relative_to(_KVLIB).as_posix())
 
 
 @lru_cache(maxsize=None)
@@ -64,8 +33,8 @@ def code_identity(cli: str) -> str:
     """kvlib's Python source and the kv-compress binary, hashed: any change to the code that
     computes a number changes every key."""
     h = hashlib.sha256()
-    for p in sorted(_KVLIB.glob("*.py")):
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for p in code_files():
+        h.update(p.relative_to(_KVLIB).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     h.update(file_sha256(cli).encode())
     return h.hexdigest()
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvlib.env import flag, kvlib_home
+
 
 class StoreError(ValueError):
     """The results directory cannot be used (one line naming it)."""
@@ -32,8 +34,6 @@ def unit_key(identity: dict[str, Any]) -> str:
 
 def default_dir() -> Path:
     """``$KVLIB_RESULTS``, else ``$KVLIB_HOME/results`` (``~/.cache/kvlib/results``)."""
-    from kvlib.zoo import kvlib_home
-
     return Path(os.environ.get("KVLIB_RESULTS") or kvlib_home() / "results")
 
 
@@ -49,7 +49,7 @@ class ResultsStore:
         """The store at ``root`` (default ``default_dir()``), created if needed; StoreError when it
         cannot be written, before anything slow starts. ``KVLIB_FRESH=1`` also means ``fresh``."""
         path = Path(root) if root else default_dir()
-        fresh = fresh or os.environ.get("KVLIB_FRESH", "") in ("1", "true", "True")
+        fresh = fresh or flag("KVLIB_FRESH")
         try:
             path.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvlib.bridge import CompressionMetrics
-from kvlib.perplexity import PerplexityResult, Window, WindowResult, summarize
-from kvlib.provenance import RunIdentity
-from kvlib.store import ResultsStore, unit_key
+from kvlib.codec.metrics import CompressionMetrics
+from kvlib.scoring.perplexity import PerplexityResult, Window, WindowResult, summarize
+from kvlib.scoring.provenance import RunIdentity
+from kvlib.scoring.store import ResultsStore, unit_key
 
 # One scheme's outcome on one window: its WindowResult and codec metrics (None: no codec ran).
 Outcome = tuple[WindowResult, "CompressionMetrics | None"]

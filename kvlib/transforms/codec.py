@@ -1,35 +1,171 @@
-"""The cache transforms a check compares, built once from the codec list:
-a ``kv-compress`` round trip per codec (through the run's codec server, all
-reading one shared-memory copy of each context; or, when the server cannot
-start or ``KVLIB_CODEC=cli``, through the file CLI, all reading one context
-file per cache) and, when asked, transformers' QuantizedCache peer.
-
-Each is ``transform(cache) -> (cache, metrics)``; perplexity, retrieval and
-agreement all take them in this order.
+"""Cache transforms through kvlib's codec: a ``kv-compress`` round trip per codec, through the
+run's codec server (all schemes reading one shared-memory copy of each context) or, when the
+server cannot start or ``KVLIB_CODEC=cli``, through the file CLI (one context file per cache).
+``cache_transforms`` builds them, with the registered peers when asked, in the order every check
+takes them.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from kvlib.bridge import CLICacheRoundtrip, ContextFile
-from kvlib.codec import CodecConfig
-from kvlib.codec_server import ServerCacheRoundtrip, SharedContext, shared_server
+from kvlib.cache.io import load_kv_cache, save_kv_cache
+from kvlib.cache.layout import cache_layers, cache_like
+from kvlib.codec.binary import find_cli_binary
+from kvlib.codec.cli import roundtrip_kv_cache
+from kvlib.codec.metrics import CompressionMetrics
+from kvlib.codec.server import CodecServer, SharedContext, SharedSegment, by_name, shared_server, view
+from kvlib.codec.spec import CodecConfig, resolve_codec
+from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
 
-# The transforms that run kvlib's codec (the others are the peer's).
-CODEC_TRANSFORMS = (CLICacheRoundtrip, ServerCacheRoundtrip)
+
+class ContextFile:
+    """Where context caches are saved: each once, however many codecs read it.
+
+    Keeps the last ``slots`` caches on disk (one per window when scoring
+    perplexity; one per haystack or prompt of a decoding batch), each in its
+    own file beside ``path``."""
+
+    def __init__(self, path: str | os.PathLike, model_name: str = "unknown", slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"slots {slots} must be at least 1")
+        self.path, self.model_name, self.slots = Path(path), model_name, slots
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._saved: list[tuple[Any, Path]] = []  # (cache, its file), oldest first
+        self.writes = 0
+
+    def _slot_path(self, i: int) -> Path:
+        return self.path if i == 0 else self.path.with_name(f"{self.path.stem}.{i}{self.path.suffix}")
+
+    def path_for(self, cache: Any) -> Path:
+        """The file holding ``cache``, written now unless it is one of the last ``slots`` written."""
+        for saved, path in self._saved:
+            if saved is cache:
+                return path
+        if len(self._saved) == self.slots:
+            _, path = self._saved.pop(0)
+        else:
+            used = {p for _, p in self._saved}
+            path = next(self._slot_path(i) for i in range(self.slots) if self._slot_path(i) not in used)
+        save_kv_cache(cache, path, model_name=self.model_name)
+        self._saved.append((cache, path))
+        self.writes += 1
+        return path
+
+
+class CLICacheRoundtrip(CodecRoundtrip):
+    """A cache transform through the real codec: save as safetensors, run
+    ``kv-compress roundtrip``, load the reconstruction as a new DynamicCache.
+
+    Callable as ``transform(cache) -> (cache, CompressionMetrics)``; keeps the
+    time spent in each part (save, CLI, load) so a benchmark can report it.
+    Transforms that share a ``context`` file save each window's cache once.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, codec: CodecConfig | str | None = None,
+                 model_name: str = "unknown", context: ContextFile | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.codec, self.model_name = resolve_codec(codec), model_name
+        self.context = context or ContextFile(self.workdir / "context.safetensors", model_name)
+        self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
+        self.calls = 0
+        find_cli_binary()  # a missing CLI is an error now, not after the first window
+
+    def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
+        dst = self.workdir / "context.restored.safetensors"
+        k0 = cache_layers(cache)[0][0]
+        t0 = time.perf_counter()
+        src = self.context.path_for(cache)
+        t1 = time.perf_counter()
+        metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
+        t2 = time.perf_counter()
+        restored, _ = load_kv_cache(dst, device=str(k0.device))
+        # In the context's own layout (sliding-window layers included); bfloat16 travels as float32.
+        restored = cache_like(cache, [(k.to(k0.dtype), v.to(k0.dtype)) for k, v in cache_layers(restored)])
+        t3 = time.perf_counter()
+        self.seconds["save"] += t1 - t0
+        self.seconds["cli"] += t2 - t1
+        self.seconds["load"] += t3 - t2
+        self.calls += 1
+        return restored, metrics
+
+
+class ServerCacheRoundtrip(CodecRoundtrip):
+    """A cache transform through the codec server: ``transform(cache) -> (cache, CompressionMetrics)``,
+    the same reconstruction and metrics as ``bridge.CLICacheRoundtrip`` to the bit.
+
+    On CPU the returned cache's tensors view an output buffer, taken from the context's
+    ``OutputPool`` that every scheme reading the context shares: one that no tensor views any
+    more, a new one while the pool holds fewer than BUFFERS per scheme (one window's
+    reconstructions scored while the next window's are made), or else the one written longest
+    ago. On CUDA the buffer is pinned and the tensors are device copies queued without blocking
+    on the current stream (stream order makes them ready for the model); a buffer is not
+    rewritten before its copies are done."""
+
+    BUFFERS = 2
+
+    def __init__(self, server: CodecServer, codec: CodecConfig | str | None = None, model_name: str = "unknown",
+                 context: SharedContext | None = None) -> None:
+        self.server, self.codec, self.model_name = server, resolve_codec(codec), model_name
+        self.context = context or SharedContext(model_name)
+        self.context.outputs.limit += self.BUFFERS
+        self.out: SharedSegment | None = None  # the output buffer of the last call
+        self.seconds = {"save": 0.0, "cli": 0.0, "load": 0.0}
+        self.calls = 0
+
+    @property
+    def batch_with(self) -> tuple[int, int]:
+        """Transforms with the same server and context can share one request (``run_batch``)."""
+        return id(self.server), id(self.context)
+
+    def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
+        (restored, metrics, _), = self.run_batch([self], cache)
+        return restored, metrics
+
+    @staticmethod
+    def run_batch(ts: list["ServerCacheRoundtrip"], cache: Any) -> list[tuple[Any, CompressionMetrics, float]]:
+        """Every transform of ``ts`` (one server, one context) on ``cache`` in one request: the
+        context crosses once and the server runs the schemes in turn. (cache, metrics, seconds) each."""
+        layers = cache_layers(cache)
+        k0 = layers[0][0]
+        t0 = time.perf_counter()
+        seg, refs, meta = ts[0].context.segment_for(cache)
+        cuda = k0.is_cuda
+        outs: list[SharedSegment] = []
+        for t in ts:
+            t.out = ts[0].context.outputs.take(seg.size, cuda, outs)
+            outs.append(t.out)
+        t1 = time.perf_counter()
+        resp = ts[0].server.request({"op": "roundtrip", "input": seg.segment(), "metadata": meta, "tensors": refs,
+                                     "schemes": [{"args": t.codec.cli_args(), "output": o.segment()}
+                                                 for t, o in zip(ts, outs)]})
+        t2 = time.perf_counter()
+        where, res = by_name(refs), []
+        for t, o, rep in zip(ts, outs, resp["results"]):
+            t3 = time.perf_counter()
+            restored = cache_like(cache, [tuple(view(o, where[f"layer_{i}_{role}"]).to(
+                k0.device, k0.dtype, non_blocking=cuda) for role in ("key", "value")) for i in range(len(layers))])
+            o.fence.mark()
+            load = time.perf_counter() - t3
+            # The shared parts (the copy into shared memory, the request) are split evenly.
+            t.seconds["save"] += (t1 - t0) / len(ts)
+            t.seconds["cli"] += (t2 - t1) / len(ts)
+            t.seconds["load"] += load
+            t.calls += 1
+            res.append((restored, CompressionMetrics.from_dict(rep), (t2 - t0) / len(ts) + load))
+        return res
 
 
 def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, model_name: str,
                      peers: bool = False, slots: int = 1,
                      ) -> tuple[dict[str, Any], str | None]:
-    """The transforms by name, and why the peer is missing (None when it runs or
-    was not asked). ``slots``: how many context caches are in use at once (the
-    rows of a decoding batch), each saved once for every codec."""
-    from kvlib.peer import PEER_BITS, QuantoPeer, peer_name, peer_unavailable
-
+    """The transforms by name, and why the peers are missing (None when they run or were not
+    asked). ``slots``: how many context caches are in use at once (the rows of a decoding
+    batch), each saved once for every codec."""
     server = shared_server()
     transforms: dict[str, Any]
     if server is not None:
@@ -39,22 +175,7 @@ def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, mode
         context = ContextFile(Path(workdir) / "context.safetensors", model_name, slots=slots)
         transforms = {c.name: CLICacheRoundtrip(Path(workdir) / f"scheme{i}", c, model_name, context=context)
                       for i, c in enumerate(codecs)}
-    missing = peer_unavailable() if peers else None
+    missing = peers_unavailable() if peers else None
     if peers and missing is None:
-        for nbits in PEER_BITS:
-            transforms[peer_name(nbits)] = QuantoPeer(nbits)
+        transforms.update({t.name: t for t in peer_transforms()})
     return transforms, missing
-
-
-def transform_spec(transform: Any) -> str | None:
-    """What a transform computes, as a unit's key names it: the codec's canonical spec, or
-    the peer's settings and optimum-quanto version; None for any other (never stored)."""
-    codec = getattr(transform, "codec", None)
-    if codec is not None:
-        return codec.spec
-    if hasattr(transform, "nbits"):
-        from kvlib.peer import quanto_version
-
-        return (f"quanto int{transform.nbits}, group {transform.q_group_size}, residual 0, "
-                f"optimum-quanto {quanto_version()}")
-    return None

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from kvlib.bridge import CompressionMetrics, pooled_quality
-from kvlib.cache import cache_layers
-from kvlib.layout import cache_like
+from kvlib.cache.layout import cache_layers, cache_like
+from kvlib.codec.metrics import CompressionMetrics, pooled_quality
+from kvlib.transforms.base import CacheTransform, register_peer
 
 PEER_BITS = (4, 2)
 PEER_GROUP = 64
@@ -66,7 +66,7 @@ def _nbytes(q: Any) -> int:
     return total
 
 
-class QuantoPeer:
+class QuantoPeer(CacheTransform):
     """A cache transform: ``(cache) -> (DynamicCache, CompressionMetrics)``.
 
     The returned cache holds QuantizedCache's dequantized context, which is
@@ -74,11 +74,20 @@ class QuantoPeer:
     it stay exact, as with kvlib's codecs (a QuantizedCache with residual 0
     would re-quantize every generated token, a different experiment)."""
 
+    kind = "peer"
     _announced = False  # the CUDA build note is printed once per process
 
     def __init__(self, nbits: int, q_group_size: int = PEER_GROUP) -> None:
         self.nbits, self.q_group_size = nbits, q_group_size
         self.name = peer_name(nbits)
+
+    @property
+    def spec(self) -> str:
+        return f"transformers QuantizedCache, quanto int{self.nbits}, group {self.q_group_size}, residual 0"
+
+    @property
+    def key(self) -> str:
+        return f"{self.spec}, optimum-quanto {quanto_version()}"
 
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
         from transformers.cache_utils import QuantoQuantizedLayer
@@ -115,3 +124,9 @@ class QuantoPeer:
             "sums": total, "tensors": tensors, **pooled_quality(total),
         })
         return cache_like(cache, restored), metrics
+
+
+@register_peer("hf-quanto", lambda: peer_unavailable())  # looked up when asked
+def quanto_peers() -> list[CacheTransform]:
+    """transformers' QuantizedCache at each of PEER_BITS."""
+    return [QuantoPeer(b) for b in PEER_BITS]
