@@ -92,7 +92,7 @@ func printUsage(w io.Writer) {
 	}
 	b.WriteString("\n")
 	b.WriteString(wrap("-scheme takes a preset ("+strings.Join(compression.PresetNames(), " ")+
-		") or a spec such as k=asym4/g64/channel,v=asym4/g64 (see README).", 72))
+		") or a spec such as k=asym4/g64/channel,v=asym4/g64 (see docs/kv-compress/schemes.md).", 72))
 	b.WriteString(`
 Each command prints one JSON object on stdout. Exit status: 0 success,
 1 quality gates failed (output still written), 2 bad usage or bad input.

@@ -29,7 +29,7 @@ func Example_usage() {
 	//
 	// -scheme takes a preset (int4 int8 asym4 kivi4 kivi2 rot4 rot3 lm2rot
 	// lm3rot lm4rot q4_0 q4_1 q5_0 q5_1 q8_0) or a spec such as
-	// k=asym4/g64/channel,v=asym4/g64 (see README).
+	// k=asym4/g64/channel,v=asym4/g64 (see docs/kv-compress/schemes.md).
 	//
 	// Each command prints one JSON object on stdout. Exit status: 0 success,
 	// 1 quality gates failed (output still written), 2 bad usage or bad input.

@@ -128,7 +128,7 @@ type schemeFlags struct {
 }
 
 func (sf *schemeFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&sf.scheme, "scheme", compression.DefaultPreset, "preset name or scheme spec (see README)")
+	fs.StringVar(&sf.scheme, "scheme", compression.DefaultPreset, "preset name or scheme spec (see docs/kv-compress/schemes.md)")
 	fs.IntVar(&sf.bits, "bits", 4, "code width in bits, 2 to 8 (sym/asym schemes; both roles)")
 	fs.IntVar(&sf.groupSize, "group-size", 64, "elements per quantization group, positive and even (sym/asym schemes; both roles)")
 	fs.Float64Var(&sf.sparsity, "sparsity", 0, "fraction in [0, 1) of smallest-magnitude elements zeroed per tensor before quantizing (both roles)")

@@ -232,3 +232,29 @@ func TestCheckAndSchemes(t *testing.T) {
 		t.Errorf("schemes printed %s", stdout)
 	}
 }
+
+// check prints the same object for a JSON spec with fields left out as for
+// the string spec it stands for, and names a JSON spec's bad field.
+func TestCheckJSONSpec(t *testing.T) {
+	for _, tc := range []struct{ json, str string }{
+		{`{"key": {"method": "asym", "axis": "channel"}}`, "k=asym4/g64/channel,v=sym4/g64"},
+		{`{"key": {"method": "asym", "axis": "channel"}, "value": {"method": "asym"}}`, "kivi4"},
+		{`{"key": {"method": "q8_0"}, "value": {"rotate": true, "outliers": 0.01}}`, "k=q8_0,v=sym4/g64/rot/out0.01"},
+		{`{"layers": [{"layer": 0, "role": "key", "scheme": {"method": "q8_0"}}]}`, "int4,k0=q8_0"},
+		{`{}`, "int4"},
+	} {
+		code, fromJSON, stderr := runCLI("check", "-scheme", tc.json)
+		if code != exitOK {
+			t.Errorf("check -scheme %s: exit %d, %s", tc.json, code, stderr)
+			continue
+		}
+		_, fromString, _ := runCLI("check", "-scheme", tc.str)
+		if fromJSON != fromString {
+			t.Errorf("check -scheme %s printed\n%s\ncheck -scheme %s printed\n%s", tc.json, fromJSON, tc.str, fromString)
+		}
+	}
+	code, stdout, stderr := runCLI("check", "-scheme", `{"key": {"bitz": 3}}`)
+	if code != exitError || stdout != "" || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, `unknown field "key.bitz"`) {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}

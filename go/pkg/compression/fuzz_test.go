@@ -3,7 +3,9 @@ package compression
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"runtime"
+	"strings"
 	"testing"
 
 	"kvlib/pkg/safetensors"
@@ -165,6 +167,45 @@ func FuzzHeader(f *testing.F) {
 					t.Fatalf("%s: element %d decoded as %v", tn.Name, i, x[i])
 				}
 			}
+		}
+	})
+}
+
+// FuzzParseSpec feeds arbitrary specs, JSON ones with fields left out
+// among them: ParseSpec may refuse one, in one line, but what it accepts
+// is valid and canonical, and reads back the same from its string and its
+// full JSON form.
+func FuzzParseSpec(f *testing.F) {
+	for _, s := range fuzzSpecs {
+		f.Add(s)
+	}
+	for _, s := range []string{`{}`, `{"key": {"method": "asym", "axis": "channel"}}`, `{"key": null, "value": {"bits": 3}}`,
+		`{"value": {"method": "q5_0"}, "lossless": true}`, `{"key": {"method": "lm", "bits": 2, "rotate": true, "outliers": 0.01}}`,
+		`{"layers": [{"layer": 1, "role": "key", "scheme": {"method": "q8_0"}}]}+lossless`,
+		`{"key": {"bitz": 1}}`, `{"key": {"bits": "4"}}`, `{"layers": [{"layer": 0}]}`, `{"key": {"residual": 1e99}}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		s, err := ParseSpec(text)
+		if err != nil {
+			if strings.ContainsAny(err.Error(), "\n\r") {
+				t.Fatalf("ParseSpec(%q): error of more than one line: %v", text, err)
+			}
+			return
+		}
+		if err := s.Validate(); err != nil {
+			t.Fatalf("ParseSpec(%q) accepted an invalid spec: %v", text, err)
+		}
+		back, err := ParseSpec(s.String())
+		if err != nil || !back.Equal(s) {
+			t.Fatalf("ParseSpec(%q) = %q, which reads back as %+v (%v)", text, s, back, err)
+		}
+		js, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back, err := ParseSpec(string(js)); err != nil || !back.Equal(s) {
+			t.Fatalf("ParseSpec(%q): its JSON %s reads back as %+v (%v)", text, js, back, err)
 		}
 	})
 }

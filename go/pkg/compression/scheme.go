@@ -1,8 +1,6 @@
 package compression
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -268,7 +266,8 @@ func DefaultSpec() Spec { return presetByName[DefaultPreset] }
 //
 // (a preset inside k= or v= gives that role's scheme, and may take options),
 // or the JSON form {"key": {...}, "value": {...}, "layers": [...]} that
-// Spec marshals to. The overrides (layers.go) replace a role's scheme in
+// Spec marshals to, where a field left out takes the grammar's default
+// (specjson.go). The overrides (layers.go) replace a role's scheme in
 // layers N to M; a later one wins. The result is validated and canonical.
 func ParseSpec(text string) (Spec, error) {
 	text = strings.TrimSpace(text)
@@ -279,9 +278,7 @@ func ParseSpec(text string) (Spec, error) {
 	var err error
 	switch {
 	case strings.HasPrefix(text, "{"):
-		dec := json.NewDecoder(bytes.NewReader([]byte(text)))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&s)
+		s, err = parseJSONSpec(text)
 	case strings.Contains(text, "="):
 		s, err = parseRoles(text)
 	default:

@@ -195,7 +195,7 @@ func TestParseSpecRoundTripsAndRejects(t *testing.T) {
 		{"k=int4,k=int8", "once each"},
 		{"k=int4,v=int4,x=1", "once each"},
 		{"sym4/foo", "unknown option"},
-		{`{"key": {"method": "sym"}}`, "bits 0"},
+		{`{"key": {"method": "sym", "bits": 0}}`, "bits 0"},
 		{`{"key": {}, "value": {}, "extra": 1}`, "unknown field"},
 		{"int4,k3=sym9", "layer 3 key scheme: bits 9"},
 		{"int4,k5-3=int8", "out of order"},
@@ -210,6 +210,101 @@ func TestParseSpecRoundTripsAndRejects(t *testing.T) {
 	for _, tc := range bad {
 		if _, err := ParseSpec(tc.spec); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%q) = %v, want an error containing %q", tc.spec, err, tc.want)
+		}
+	}
+}
+
+// A JSON spec may leave fields out: each takes the string grammar's
+// default, so the JSON and the string forms parse to the same Spec and
+// print the same canonical spec.
+func TestParseSpecJSONDefaults(t *testing.T) {
+	cases := []struct{ json, str string }{
+		{`{}`, "int4"},
+		{`{"key": {}, "value": {}}`, "sym4/g64"},
+		{`{"key": null, "value": {"bits": null}}`, "sym4"},
+		{`{"key": {"method": "asym", "axis": "channel"}}`, "k=asym4/g64/channel,v=int4"},
+		{`{"key": {"method": "asym", "axis": "channel"}, "value": {"method": "asym"}}`, "kivi4"},
+		{`{"key": {"method": "asym", "bits": 2, "group": 32, "axis": "channel"}, "value": {"method": "asym", "bits": 2, "group": 32}}`, "kivi2"},
+		{`{"key": {"bits": 8}, "value": {"bits": 8}}`, "int8"},
+		{`{"key": {"rotate": true}, "value": {"rotate": true}}`, "rot4"},
+		{`{"key": {"method": "symf", "bits": 3, "rotate": true}, "value": {"method": "symf", "bits": 3, "rotate": true}}`, "rot3"},
+		{`{"key": {"method": "lm", "rotate": true}, "value": {"method": "lm", "rotate": true}}`, "lm4rot"},
+		{`{"key": {"method": "q4_0"}, "value": {"method": "q4_0"}}`, "q4_0"},
+		{`{"key": {"method": "q5_1", "bits": 5, "group": 32, "axis": "token"}, "value": {"method": "q8_0"}}`, "k=q5_1,v=q8_0"},
+		{`{"key": {"method": "q8_0", "outliers": 0.01, "residual": 16}}`, "k=q8_0/out0.01/res16,v=int4"},
+		{`{"key": {"group": 32, "sparsity": 0.25}, "value": {"method": "asym", "bits": 3, "residual": 128}}`, "k=sym4/g32/sp0.25,v=asym3/g64/res128"},
+		{`{"key": {"axis": "token", "rotate": false, "outliers": 0, "residual": 0, "sparsity": 0}}`, "int4"},
+		{`{"lossless": true}`, "int4+lossless"},
+		{`{"value": {"method": "q8_0"}}+lossless`, "k=int4,v=q8_0+lossless"},
+		{`{"key": {"method": "lm", "bits": 3, "rotate": true}, "value": {"method": "lm", "bits": 3, "rotate": true},
+		  "layers": [{"layer": 0, "role": "key", "scheme": {"method": "q8_0"}}, {"layer": 1, "role": "key", "scheme": {"method": "q8_0"}},
+		             {"layer": 0, "role": "value", "scheme": {"method": "lm", "rotate": true}}]}`, "lm3rot,k0-1=q8_0,v0=lm4rot"},
+		{`{"layers": [{"layer": 2, "role": "value", "scheme": {}}, {"layer": 3, "role": "value", "scheme": {"bits": 8}}]}`, "int4,v3=int8"},
+		{`{"layers": null}`, "int4"},
+	}
+	for _, tc := range cases {
+		fromJSON, err := ParseSpec(tc.json)
+		if err != nil {
+			t.Errorf("ParseSpec(%s): %v", tc.json, err)
+			continue
+		}
+		fromString, err := ParseSpec(tc.str)
+		if err != nil {
+			t.Fatalf("ParseSpec(%q): %v", tc.str, err)
+		}
+		if !fromJSON.Equal(fromString) || fromJSON.String() != fromString.String() || fromJSON.Name() != fromString.Name() {
+			t.Errorf("ParseSpec(%s) = %q (%+v), want %q (%+v)", tc.json, fromJSON, fromJSON, fromString, fromString)
+		}
+	}
+}
+
+// A JSON spec's mistakes are one-line errors naming the field by its path.
+func TestParseSpecJSONErrors(t *testing.T) {
+	cases := []struct{ spec, want string }{
+		{`{"kee": {}}`, `unknown field "kee" (want key, value, layers, lossless)`},
+		{`{"key": {"bitz": 4}}`, `unknown field "key.bitz" (want method, bits, group, axis, rotate, outliers, residual, sparsity)`},
+		{`{"key": {"Method": "sym"}}`, `unknown field "key.Method"`},
+		{`{"layers": [{"layer": 0, "role": "key", "scheme": {}, "x": 1}]}`, `unknown field "layers[0].x" (want layer, role, scheme)`},
+		{`{"layers": [{"layer": 0, "role": "key", "scheme": {"grup": 8}}]}`, `unknown field "layers[0].scheme.grup"`},
+		{`{"key": {"bits": "4"}}`, `field "key.bits": want an integer, got "4"`},
+		{`{"key": {"bits": 4.5}}`, `field "key.bits": want an integer, got 4.5`},
+		{`{"key": {"group": 1e30}}`, `field "key.group": want an integer, got 1e30`},
+		{`{"value": {"method": 4}}`, `field "value.method": want a string, got 4`},
+		{`{"value": {"axis": ["token"]}}`, `field "value.axis": want a string, got an array`},
+		{`{"value": {"rotate": "yes"}}`, `field "value.rotate": want true or false, got "yes"`},
+		{`{"value": {"outliers": "0.1"}}`, `field "value.outliers": want a number, got "0.1"`},
+		{`{"value": {"sparsity": {}}}`, `field "value.sparsity": want a number, got an object`},
+		{`{"value": {"residual": -1.5}}`, `field "value.residual": want an integer, got -1.5`},
+		{`{"lossless": 1}`, `field "lossless": want true or false, got 1`},
+		{`{"key": "int4"}`, `field "key": want an object, got "int4"`},
+		{`{"layers": {}}`, `field "layers": want an array, got an object`},
+		{`{"layers": [3]}`, `field "layers[0]": want an object, got 3`},
+		{`{"layers": [{"layer": "0", "role": "key", "scheme": {}}]}`, `field "layers[0].layer": want an integer, got "0"`},
+		{`{"layers": [{"role": "key", "scheme": {}}]}`, `field "layers[0].layer" is required`},
+		{`{"layers": [{"layer": 0, "scheme": {}}]}`, `field "layers[0].role" is required`},
+		{`{"layers": [{"layer": 0, "role": "key", "scheme": null}]}`, `field "layers[0].scheme" is required`},
+		{`{"layers": [{"layer": 0, "role": "key", "scheme": []}]}`, `field "layers[0].scheme": want an object, got an array`},
+		{`{"key": {"bits": "` + strings.Repeat("x", 100) + `"}}`, `got "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...`},
+		{`{"key": {}} x`, "invalid character 'x' after top-level value"},
+		{`{"key": `, "JSON: unexpected end of JSON input"},
+		// Given fields are not defaulted: an explicit zero or a wrong value
+		// is the validator's error.
+		{`{"key": {"bits": 0}}`, "key scheme: bits 0 out of range [2, 8] for sym"},
+		{`{"value": {"group": 0}}`, "value scheme: group size 0"},
+		{`{"key": {"method": ""}}`, `key scheme: unknown method ""`},
+		{`{"key": {"method": "lm"}, "value": {"method": "lm", "bits": 8}}`, "value scheme: bits 8 out of range [2, 4] for lm"},
+		{`{"key": {"method": "q4_0", "group": 64}}`, "key scheme: q4_0 is 4-bit blocks of 32"},
+		{`{"key": {"method": "q8_0", "bits": 4}}`, "key scheme: q8_0 is 8-bit blocks of 32"},
+		{`{"key": {"method": "q8_0", "axis": "channel"}}`, "key scheme: q8_0 is 8-bit blocks of 32"},
+		{`{"key": {"axis": "row"}}`, `key scheme: unknown axis "row"`},
+		{`{"key": {"axis": "channel", "rotate": true}}`, "rotation works along the token axis only"},
+		{`{"layers": [{"layer": -1, "role": "key", "scheme": {"bits": 8}}]}`, "layer -1 out of range"},
+		{`{"layers": [{"layer": 1, "role": "both", "scheme": {}}]}`, `unknown role "both"`},
+	}
+	for _, tc := range cases {
+		_, err := ParseSpec(tc.spec)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.ContainsAny(err.Error(), "\n\r") {
+			t.Errorf("ParseSpec(%s) = %v, want one line containing %q", tc.spec, err, tc.want)
 		}
 	}
 }
