@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kvlib.gates import CI_LEVEL, CI_METHOD
-from kvlib.report.common import Figure, fmt, mark_sliding_layers
+from kvlib.report.common import Figure, as_number, fmt, mark_sliding_layers
 from kvlib.runs.sweep import MIX_PREFIX, SweepResult
 
 PEER_COLOR, KVQ_COLOR, FAIL_COLOR = "#8250df", "#1f77b4", "#cf222e"
@@ -70,7 +70,8 @@ def plot_pareto(result: SweepResult | dict[str, Any]) -> Figure:
         color = PEER_COLOR if s["kind"] == "peer" else (KVQ_COLOR if s["passed"] else FAIL_COLOR)
         mixed = s["name"].startswith(MIX_PREFIX)
         marker = "D" if s["kind"] == "peer" else "*" if mixed else "o"
-        err = [[max(0.0, y - s["ci_low"])], [max(0.0, s["ci_high"] - y)]]
+        lo, hi = as_number(s["ci_low"]), as_number(s["ci_high"])  # no CI (too few windows): no bar
+        err = [[max(0.0, y - lo) if math.isfinite(lo) else 0.0], [max(0.0, hi - y) if math.isfinite(hi) else 0.0]]
         ax.errorbar([x], [y], yerr=err, fmt=marker, color=color, ms=11 if mixed else 6, capsize=3, lw=1)
         ax2.scatter([x], [max(s["kld_mean"], 1e-6)], marker=marker, color=color, s=110 if mixed else 30)
     fr = frontier(ss)

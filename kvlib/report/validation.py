@@ -16,7 +16,7 @@ from matplotlib.ticker import MaxNLocator
 import numpy as np
 import pandas as pd
 
-from kvlib.gates import CI_LEVEL
+from kvlib.gates import CI_LEVEL, MIN_CI_UNITS
 from kvlib.runs.validate import ValidationResult
 from kvlib.report.common import (KEY_COLOR, VALUE_COLOR, Figure, as_number, finite_array, fmt, mark_sliding_layers,
                                  tensors_by_layer)
@@ -43,6 +43,9 @@ def banner(result: ValidationResult | dict[str, Any]):
             detail += (f"<br>{CI_LEVEL:.0%} CI {fmt(r['ci_low'], '+.4f')} to {fmt(r['ci_high'], '+.4f')}: its upper "
                        f"bound {robust} the threshold; KL divergence {fmt(r.get('kld_mean'), '.4f')} nats, top-1 "
                        f"agreement {fmt(r.get('top1_agreement'), '.1f')} %")
+        else:
+            detail += (f"<br>no CI: fewer than {MIN_CI_UNITS} windows with a compressed context, so the pass is not "
+                       f"robust (score more windows)")
     else:
         detail = html.escape(r.get("verdict", ""))
     checks = "".join(f"<br>{html.escape(d['summary'])}" for d in (r.get("retrieval"), r.get("agreement")) if d)
@@ -78,6 +81,8 @@ def summary_rows(result: ValidationResult | dict[str, Any]) -> list[tuple[str, s
         ("Delta (gated)", fmt(r["context_delta"], "+.4f"),
          f"{fmt(r['context_baseline_perplexity'], '.4f')} → {fmt(r['context_compressed_perplexity'], '.4f')}; gate &lt; {r['threshold']:g}"),
         (f"{CI_LEVEL:.0%} CI of the gated delta", f"{fmt(r.get('ci_low'), '+.4f')} to {fmt(r.get('ci_high'), '+.4f')}",
+         f"none: fewer than {MIN_CI_UNITS} windows with a compressed context, so no verdict is robust"
+         if math.isnan(as_number(r.get("ci_high"))) else
          "robust: the upper bound is below the threshold too" if r.get("robust") else
          ("the upper bound crosses the threshold" if r["passed"] else "") + "; bootstrap over windows"),
         ("KL divergence (mean / median / p99)",

@@ -29,7 +29,7 @@ from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.codec.metrics import CompressionMetrics, pool_tensors
 from kvlib.codec.spec import LOSSLESS_SUFFIX, CodecConfig, presets, resolve_codec
 from kvlib.env import flag
-from kvlib.gates import CI_LEVEL, CI_METHOD, PPL_DELTA_THRESHOLD, robust, verdict
+from kvlib.gates import CI_LEVEL, CI_METHOD, MIN_CI_UNITS, PPL_DELTA_THRESHOLD, robust, verdict
 from kvlib.models import corpus
 from kvlib.models.zoo import EMBEDDED
 from kvlib.runs.setup import RunParams, RunSetup, prepare_run
@@ -84,7 +84,11 @@ class SchemeResult:
     def verdict_text(self) -> str:
         if self.error:
             return "not run"
-        return ("PASS (robust)" if self.robust else "PASS (CI crosses the gate)") if self.passed else "FAIL"
+        if not self.passed:
+            return "FAIL"
+        if math.isnan(self.ci_high):
+            return f"PASS (no CI: fewer than {MIN_CI_UNITS} windows)"
+        return "PASS (robust)" if self.robust else "PASS (CI crosses the gate)"
 
 
 @dataclass
@@ -199,8 +203,10 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
     if not ok:
         passing = [s.name for s in schemes if s.passed]
         if passing:
+            why = (f"no CI: fewer than {MIN_CI_UNITS} windows with a compressed context" if all(
+                math.isnan(s.ci_high) for s in schemes if s.passed) else "the CI crosses it")
             return None, (f"No scheme passes with {CI_LEVEL:.0%} confidence; {', '.join(passing)} pass(es) the gate "
-                          "but the CI crosses it: score more windows.")
+                          f"but {why}: score more windows.")
         return None, "No scheme keeps the model's quality: none passes the perplexity gate."
     best = min(ok, key=lambda s: (s.bits_per_element, s.context_delta))
     saving = 100 * (1 - best.bits_per_element / 16)

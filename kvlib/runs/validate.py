@@ -25,7 +25,7 @@ from kvlib.codec.binary import BUILD_HINT, check_cli_available
 from kvlib.codec.cli import compress_kv_cache, decompress_kv_cache
 from kvlib.codec.metrics import pool_tensors, print_metrics_report
 from kvlib.codec.spec import CodecConfig, resolve_codec
-from kvlib.gates import CI_LEVEL, PPL_DELTA_THRESHOLD
+from kvlib.gates import CI_LEVEL, MIN_CI_UNITS, PPL_DELTA_THRESHOLD
 from kvlib.models import corpus
 from kvlib.models.zoo import EMBEDDED
 from kvlib.runs.setup import RunParams, RunSetup, prepare_run
@@ -145,8 +145,8 @@ def _validation_result(ppl: Any, scheme: Any, codec: CodecConfig, threshold: flo
     comp = ppl.compression
     passed = scheme.passed
     verdict = (f"{'PASSED' if passed else 'FAILED'}: delta {ppl.context_delta:+.4f} "
-               f"{'<' if passed else '>='} {threshold} threshold ({CI_LEVEL:.0%} CI {scheme.ci_low:+.4f} to "
-               f"{scheme.ci_high:+.4f}{'' if scheme.robust or not passed else ': crosses the threshold'})")
+               f"{'<' if passed else '>='} {threshold} threshold ({ci_text(scheme.ci_low, scheme.ci_high)}"
+               f"{'' if scheme.robust or not passed or math.isnan(scheme.ci_high) else ': crosses the threshold'})")
     return ValidationResult(
         baseline_perplexity=ppl.baseline_perplexity, compressed_perplexity=ppl.compressed_perplexity,
         delta=ppl.delta, delta_percent=ppl.delta_percent,
@@ -174,6 +174,13 @@ def _validation_result(ppl: Any, scheme: Any, codec: CodecConfig, threshold: flo
         ],
         compression=comp.to_dict() if comp else {}, verdict=verdict,
     )
+
+
+def ci_text(lo: float, hi: float, label: bool = True) -> str:
+    """The CI as the verdict words it, or why there is none."""
+    if math.isnan(hi):
+        return f"no CI: fewer than {MIN_CI_UNITS} windows with a compressed context"
+    return (f"{CI_LEVEL:.0%} CI " if label else "") + f"{lo:+.4f} to {hi:+.4f}"
 
 
 def run_full_validation(
@@ -217,6 +224,7 @@ def run_full_validation(
     L, lazy = run.context_length, run.lazy()
     with tempfile.TemporaryDirectory(prefix="kvlib-") as tmp:
         work = Path(workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
         check_sample_roundtrip(run, codec, work, verbose)
         checks.check_inputs(lazy, run.tokenizer, run.ids.shape[1], run.text.name)
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {run.text.name} "
@@ -259,8 +267,8 @@ def print_result(r: ValidationResult) -> None:
     print(f"  Delta (all tokens):    {r.delta:+.4f} ({r.delta_percent:+.2f}%)")
     print(f"  Delta (gated):         {r.context_delta:+.4f} over {r.context_scored_tokens} tokens "
           f"with a compressed context ({r.context_baseline_perplexity:.4f} -> {r.context_compressed_perplexity:.4f})")
-    print(f"  {CI_LEVEL:.0%} CI (gated):        {r.ci_low:+.4f} to {r.ci_high:+.4f}"
-          f"{'' if r.robust or not r.passed else ' (crosses the threshold)'}")
+    print(f"  {CI_LEVEL:.0%} CI (gated):        {ci_text(r.ci_low, r.ci_high, label=False)}"
+          f"{'' if r.robust or not r.passed or math.isnan(r.ci_high) else ' (crosses the threshold)'}")
     print(f"  KL divergence:         mean {r.kld_mean:.5f}, median {r.kld_median:.5f}, p99 {r.kld_p99:.4f} nats; "
           f"top-1 agreement {r.top1_agreement:.2f}%")
     print(f"  Compression Ratio:     {r.compression_ratio:.2f}x ({r.scheme_name}: {r.scheme})")

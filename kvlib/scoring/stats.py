@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlib.gates import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, CI_LEVEL
+from kvlib.gates import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, CI_LEVEL, MIN_CI_UNITS
 
 
 def ppl_delta(base_nll: np.ndarray, comp_nll: np.ndarray, counts: np.ndarray) -> float:
@@ -18,15 +18,16 @@ def ppl_delta(base_nll: np.ndarray, comp_nll: np.ndarray, counts: np.ndarray) ->
 
 
 def bootstrap_delta_ci(base_nll, comp_nll, counts, samples: int = BOOTSTRAP_SAMPLES, level: float = CI_LEVEL,
-                       seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+                       seed: int = BOOTSTRAP_SEED, min_units: int = MIN_CI_UNITS) -> tuple[float, float]:
     """Percentile bootstrap CI of the pooled perplexity delta, resampling windows.
 
     ``base_nll``/``comp_nll`` are each window's summed target NLLs, ``counts`` its
     target counts. Windows are the resampling unit because neighbouring tokens
-    share a context (and a compressed cache); NaN when there are none.
+    share a context (and a compressed cache); NaN with fewer than ``min_units`` windows
+    (kvlib.gates.MIN_CI_UNITS says why), where an interval would be degenerate.
     """
     b, c, n = (np.asarray(a, dtype=np.float64) for a in (base_nll, comp_nll, counts))
-    if b.size == 0:
+    if b.size == 0 or b.size < min_units:
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, b.size, size=(samples, b.size))
