@@ -15,7 +15,7 @@ from kvlib.models import corpus, zoo
 from kvlib.models.sources import TINYLLAMA
 from kvlib.checks.agreement import AgreementConfig
 from kvlib.budget.plan import parse_budgets, similar_presets
-from kvlib.codec.spec import resolve_codec
+from kvlib.codec.spec import resolve_codec, split_schemes
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
@@ -41,11 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"'{zoo.EMBEDDED}' (SmolLM2-135M, offline), a zoo model (--list-models), a .gguf file, "
                    f"a Hugging Face directory, or an HF id, e.g. {TINYLLAMA}")
     p.add_argument("--list-models", action="store_true", help="list the offline model zoo and exit")
-    p.add_argument("--corpus", default=corpus.EMBEDDED, help=f"'{corpus.EMBEDDED}' (Python docs), '{corpus.WIKITEXT}' (datasets), or a text file")
+    p.add_argument("--corpus", default=corpus.EMBEDDED, help=f"'{corpus.EMBEDDED}' (Python docs), 'wikitext-2-valid' (WikiText-2 validation, shipped), "
+                   f"'{corpus.WIKITEXT}' (datasets), or a text file")
     p.add_argument("--scheme", action="append", default=None,
                    help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, k=asym4/g64/channel,v=asym4/g64 "
                    "(kv-compress schemes lists the presets); repeat it to compare schemes in one pass")
-    p.add_argument("--schemes", default=None, help="comma-separated presets to compare in one pass, or 'all'")
+    p.add_argument("--schemes", default=None, help="presets and specs to compare in one pass, or 'all': commas between schemes (k=...,v=... stays one), or ';' between specs")
     p.add_argument("--lossless", action="store_true", help="add kv-compress's lossless stage (smaller files, same results)")
     p.add_argument("--no-peers", action="store_true", help="in a sweep, leave out transformers' QuantizedCache peer")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -73,11 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
                    help="a sweep's units on Ray actors: a local cluster, or ADDRESS (RAY_ADDRESS set does the same)")
     r = p.add_argument_group("beyond perplexity", "checks against the exact cache, shown beside the verdict")
-    r.add_argument("--retrieval", action="store_true", help="pass-key retrieval over a length x depth grid")
+    r.add_argument("--retrieval", action="store_true", default=None, help="pass-key retrieval over a length x depth grid")
     r.add_argument("--retrieval-lengths", metavar="N,N", help=f"context lengths (default {_csv(_R.lengths)}; implies --retrieval)")
     r.add_argument("--retrieval-depths", metavar="F,F", help=f"key depths in [0, 1] (default {_csv(_R.depths)})")
     r.add_argument("--retrieval-keys", type=int, metavar="N", help=f"keys per cell (default {_R.keys})")
-    r.add_argument("--generation", action="store_true", help="greedy generation agreement on prompts from the corpus")
+    r.add_argument("--generation", action="store_true", default=None, help="greedy generation agreement on prompts from the corpus")
     r.add_argument("--generation-prompts", type=int, metavar="N", help=f"prompts (default {_A.prompts}; implies --generation)")
     r.add_argument("--generation-context", type=int, metavar="N", help=f"context tokens per prompt (default {_A.context_tokens})")
     r.add_argument("--generation-tokens", type=int, metavar="N", help=f"tokens generated per prompt (default {_A.new_tokens})")
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         specs = list(args.scheme or [])
         if args.schemes:
-            specs += default_schemes() if args.schemes == "all" else [x for x in args.schemes.split(",") if x]
+            specs += default_schemes() if args.schemes == "all" else split_schemes(args.schemes)
         codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity,
                                 lossless=args.lossless) for x in specs or [None]]
         codec = codecs[0]

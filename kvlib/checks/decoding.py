@@ -30,19 +30,21 @@ class DecodingChecks:
     agreement: AgreementConfig | None = None
 
     @classmethod
-    def from_parameters(cls, retrieval: bool = False, retrieval_lengths: str | None = None,
+    def from_parameters(cls, retrieval: bool | None = None, retrieval_lengths: str | None = None,
                         retrieval_depths: str | None = None, retrieval_keys: int | None = None,
-                        generation: bool = False, generation_prompts: int | None = None,
+                        generation: bool | None = None, generation_prompts: int | None = None,
                         generation_context: int | None = None, generation_tokens: int | None = None,
                         ) -> "DecodingChecks":
-        """From the CLI's flags or a notebook's parameters: a check runs when asked for or
-        when one of its settings is given; None keeps the module's default."""
+        """From the CLI's flags or a notebook's parameters: a check runs when asked for (True), or,
+        when not said (None), when one of its settings is given; False turns it off whatever its
+        settings (``make sweep RETRIEVAL=False``). A setting left None keeps the module's default."""
         r = None
-        if retrieval or any(x is not None for x in (retrieval_lengths, retrieval_depths, retrieval_keys)):
+        settings = (retrieval_lengths, retrieval_depths, retrieval_keys)
+        if retrieval or (retrieval is None and any(x is not None for x in settings)):
             r = RetrievalConfig.parse(retrieval_lengths, retrieval_depths, retrieval_keys)
         given = {k: v for k, v in (("prompts", generation_prompts), ("context_tokens", generation_context),
                                    ("new_tokens", generation_tokens)) if v is not None}
-        a = AgreementConfig(**given) if generation or given else None
+        a = AgreementConfig(**given) if generation or (generation is None and given) else None
         return cls(r, a)
 
     def check_inputs(self, model: Any, tokenizer: Any, num_tokens: int, corpus_name: str) -> None:

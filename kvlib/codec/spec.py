@@ -9,6 +9,7 @@ resolved by asking ``kv-compress check``, so Python never re-implements them.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
@@ -127,6 +128,30 @@ def _layers_spec(layers: tuple[LayerScheme, ...]) -> str:
         span = f"{o.layer}" if j - i == 1 else f"{o.layer}-{layers[j - 1].layer}"
         out += f",{o.role[0]}{span}={o.scheme.spec}"
         i = j
+    return out
+
+
+_LAYER_PART = re.compile(r"^(k|v|kv)[0-9][0-9-]*=")  # a per-layer override of the spec before it: k3=, kv0-5=
+
+
+def split_schemes(text: str) -> list[str]:
+    """A list of schemes as users write it, one parser for the CLI, make and the notebooks:
+    ";" separates specs that hold commas ("int4;k=asym4/g64/channel,v=q8_0"); with commas alone, a
+    part that sets a role ("v=...", "k3=...", "kv0-5=...") belongs to the spec before it, so
+    "int4,kivi4,k=asym4/g64,v=q8_0" is three schemes: "k=" starts one, "v=" completes a "k=" spec,
+    and a per-layer override ("k3=", "kv0-5=") extends the spec before it. ("all" is the caller's.)"""
+    out: list[str] = []
+    for piece in text.split(";"):
+        specs: list[str] = []
+        for part in (p.strip() for p in piece.split(",")):
+            last = specs[-1] if specs else ""
+            joins = last and not last.endswith(LOSSLESS_SUFFIX) and (
+                _LAYER_PART.match(part) or (part.startswith("v=") and last.startswith("k=") and ",v=" not in last))
+            if joins:
+                specs[-1] += "," + part
+            elif part:
+                specs.append(part)
+        out += specs
     return out
 
 

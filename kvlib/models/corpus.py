@@ -1,11 +1,12 @@
-"""Choose and tokenize the evaluation text: WikiText-2 through ``datasets``
-when it can be reached, any local text file, or the embedded default
-(Python's own documentation, ``pydoc_data.topics``), which is on every
-machine and always works offline.
+"""Choose and tokenize the evaluation text: the embedded default (Python's own documentation,
+``pydoc_data.topics``, on every machine), WikiText-2's validation split shipped with kvlib
+(``wikitext-2-valid``, offline), WikiText-2 through ``datasets`` when it can be reached, or any
+local text file.
 """
 
 from __future__ import annotations
 
+import gzip
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ import torch
 EMBEDDED = "embedded"
 WIKITEXT = "wikitext-2-raw-v1"
 EMBEDDED_NAME = "Python documentation topics (pydoc_data.topics)"
+# Shipped with kvlib (see data/README.md): WikiText-2's validation split, word-level, offline.
+BUNDLED = {"wikitext-2-valid": ("data/wikitext-2-valid.txt.gz", "WikiText-2 validation (word-level, bundled)")}
 
 
 @dataclass
@@ -44,6 +47,9 @@ def load_corpus(
     """
     if corpus == EMBEDDED:
         return Corpus(EMBEDDED_NAME, embedded_text())
+    if corpus in BUNDLED:
+        file, name = BUNDLED[corpus]
+        return Corpus(name, gzip.decompress((Path(__file__).parent / file).read_bytes()).decode("utf-8"))
     path = Path(corpus)
     if path.is_file():
         try:
@@ -58,7 +64,8 @@ def load_corpus(
     if corpus.startswith(("wikitext-", "wikitext_")) or corpus == dataset_name:
         return _load_dataset(dataset_name, corpus if corpus != dataset_name else WIKITEXT, split)
     raise FileNotFoundError(
-        f"corpus {corpus!r} is neither 'embedded', a dataset config like '{WIKITEXT}', nor an existing text file"
+        f"corpus {corpus!r} is neither 'embedded', {', '.join(repr(b) for b in BUNDLED)}, a dataset config like "
+        f"'{WIKITEXT}', nor an existing text file"
     )
 
 

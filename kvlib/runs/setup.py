@@ -17,8 +17,9 @@ from kvlib.codec.binary import find_cli_binary
 from kvlib.dtypes import dtype_name, resolve_dtype
 from kvlib.env import default_device
 from kvlib.models.corpus import Corpus, load_corpus, tokenize
-from kvlib.models.sources import (LazyModel, ModelSource, context_length, load_model_and_tokenizer,
-                                  load_tokenizer_and_config, model_display_name, resolve_model)
+from kvlib.models import sources
+from kvlib.models.sources import (LazyModel, ModelSource, context_length, load_tokenizer_and_config, model_display_name,
+                                  resolve_model)
 from kvlib.scoring.perplexity import plan_windows
 from kvlib.scoring.provenance import RunIdentity, identify
 from kvlib.scoring.store import ResultsStore
@@ -68,7 +69,9 @@ class RunSetup:
         if "lm" not in self.loaded:
             self.say(f"Loading {self.name} ({self.dtype_name}, {self.device})...")
             t = time.perf_counter()
-            self.loaded["lm"], _ = load_model_and_tokenizer(self.params.model, device=self.device, dtype=self.dtype)
+            # Through the module, so a test that forbids loading (monkeypatch) sees every load.
+            self.loaded["lm"], _ = sources.load_model_and_tokenizer(self.params.model, device=self.device,
+                                                                    dtype=self.dtype)
             self.loaded["t"] = time.perf_counter() - t
         return self.loaded["lm"]
 
