@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 device="cpu" if args.cpu else None, threshold=args.threshold, verbose=not args.quiet,
                 model=args.model, corpus_name=args.corpus, codec=codec, stride=args.stride, max_windows=args.max_windows,
                 dtype=args.dtype, context_length=args.context_length, checks=checks,
-                results=args.results, fresh=args.fresh,
+                results=args.results, fresh=args.fresh, ray=args.ray,
             )
         if args.json:
             result.to_json(args.json)

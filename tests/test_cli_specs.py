@@ -71,3 +71,20 @@ def test_a_finished_validation_loads_no_model(tmp_path, monkeypatch, capsys, cli
                                                                         first.compression)
     with pytest.raises(pytest.fail.Exception):  # the guard is live: a fresh run must load the model
         run_full_validation(**{**kw, "fresh": True})
+
+
+def test_ray_reaches_a_single_scheme_validation(monkeypatch, cli):
+    """--ray ran a single-scheme validation serially, silently; now it reaches run_full_validation
+    (which hands its missing windows to the same executor as a sweep)."""
+    import kvlib.cli as cli_module
+
+    seen = {}
+
+    def fake(**kw):
+        seen.update(kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli_module, "run_full_validation", fake)
+    with pytest.raises(SystemExit):
+        cli_module.main(["--scheme", "int4", "--ray", "ray://head:10001"])
+    assert seen["ray"] == "ray://head:10001"
