@@ -323,6 +323,9 @@ def server_costs(model, ids, src_cache, tmp: Path, windows: int, rounds: int = 3
     print(f"    server {trip['server']:6.2f}   file CLI {trip['cli']:6.2f}   (target: round trip <= 1.5 x codec, "
           f"i.e. bridge / codec <= 0.5: {'met' if trip['server'] <= 0.5 else 'MISS'}); the first window, on fresh "
           f"buffers: server {cold['server']:.2f}, file CLI {cold['cli']:.2f}")
+    # A short run pays the cold round trip once: over n windows, bridge / codec is (cold + (n-1) warm) / n.
+    short = ", ".join(f"{n} windows {(cold['server'] + (n - 1) * trip['server']) / n:.2f}" for n in (1, 4, 21))
+    print(f"  what a run pays, bridge / codec over its windows (the first cold, the rest warm): server {short}")
     print(f"  sweep of {windows} windows, {len(schemes)} schemes: bridge share of scoring time "
           f"server {100 * share['server-3']:.1f} %, file CLI {100 * share['cli-3']:.1f} % "
           f"(scoring {best['server-3']:.1f} s against {best['cli-3']:.1f} s)")
