@@ -20,6 +20,7 @@ from kvlib.checks.decoding import DecodingChecks
 from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import check_parameters
+from kvlib.scoring.perplexity import MODES
 from kvlib.runs.sweep import default_schemes, run_sweep
 from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
@@ -47,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, k=asym4/g64/channel,v=asym4/g64 "
                    "(kv-compress schemes lists the presets); repeat it to compare schemes in one pass")
     p.add_argument("--schemes", default=None, help="presets and specs to compare in one pass, or 'all': commas between schemes (k=...,v=... stays one), or ';' between specs")
+    p.add_argument("--mode", default="prefix", choices=MODES,
+                   help="prefix: the context compressed once, the scored tokens attend to their window exactly (the "
+                   "KVQuant-style gate, default); write: every K and V quantized as written, inside the forward, as "
+                   "engines do (llama.cpp, vLLM)")
     p.add_argument("--lossless", action="store_true", help="add kv-compress's lossless stage (smaller files, same results)")
     p.add_argument("--no-peers", action="store_true", help="in a sweep, leave out transformers' QuantizedCache peer")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                               max_windows=args.max_windows, context_length=args.context_length,
                               peers=not args.no_peers, verbose=not args.quiet, checks=checks,
                               results=args.results, fresh=args.fresh, ray=args.ray, budget=budgets,
-                              calibration=calibration, sensitivity=args.sensitivity)
+                              calibration=calibration, sensitivity=args.sensitivity, mode=args.mode)
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 device="cpu" if args.cpu else None, threshold=args.threshold, verbose=not args.quiet,
                 model=args.model, corpus_name=args.corpus, codec=codec, stride=args.stride, max_windows=args.max_windows,
                 dtype=args.dtype, context_length=args.context_length, checks=checks,
-                results=args.results, fresh=args.fresh, ray=args.ray,
+                results=args.results, fresh=args.fresh, ray=args.ray, mode=args.mode,
             )
         if args.json:
             result.to_json(args.json)

@@ -143,6 +143,15 @@ def file_metadata(meta: KVCacheMetadata, dtype: str) -> dict[str, str]:
     return {k: str(v) for k, v in meta.to_dict().items() if v != ""}
 
 
+def layer_metadata(layer: int, key: torch.Tensor, model_name: str = "unknown") -> dict[str, str]:
+    """The header of a file (or shared segment) holding one layer's K and V: write mode sends
+    each layer to the codec as it is written, named ``layer_{layer}_key``/``_value`` so per-layer
+    schemes apply."""
+    meta = KVCacheMetadata(num_layers=layer + 1, num_kv_heads=int(key.shape[1]), seq_len=int(key.shape[2]),
+                           head_dim=int(key.shape[3]), dtype="", model_name=model_name)
+    return file_metadata(meta, stored(key.dtype).name)
+
+
 def save_kv_cache(
     cache: Any,
     path: str | os.PathLike,

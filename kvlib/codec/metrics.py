@@ -198,6 +198,35 @@ def pool_metrics(runs: list[CompressionMetrics]) -> CompressionMetrics:
     )
 
 
+def join_metrics(parts: list[CompressionMetrics]) -> CompressionMetrics:
+    """One cache's metrics from its layers' (write mode sends each layer alone): the tensors side by
+    side, sums and sizes added. Exact, as pool_metrics is over windows."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts or any(not p.sums for p in parts):
+        raise ValueError("no layer metrics to join, or a part without raw sums")
+    first, total = parts[0], _sum_all([p.sums for p in parts])
+    rmse, snr, cos = _pooled(total)
+    th = first.thresholds or codec_gates()["thresholds"]
+    violations = violations_of(rmse, snr, cos, th)
+    original = sum(p.original_size_bytes for p in parts)
+    compressed = sum(p.compressed_size_bytes for p in parts)
+    added = {k: sum(getattr(p, k) for p in parts) for k in ("processing_time_ms", "source_size_bytes",
+                                                            "compressed_file_bytes", "codec_time_ms", "num_tensors")}
+    keys = dict.fromkeys(k for p in parts for k in p.stored_bytes)
+    return CompressionMetrics(
+        compression_ratio=original / compressed if compressed else 0.0, original_size_bytes=original,
+        compressed_size_bytes=compressed, rmse=rmse, snr_db=snr, cosine_similarity=cos,
+        max_error=total["max_error"], quality_level=quality_level(rmse, snr), passed=not violations,
+        violations=violations, command=first.command, scheme=first.scheme, scheme_name=first.scheme_name,
+        stored_bytes={k: sum(p.stored_bytes.get(k, 0) for p in parts) for k in keys},
+        bits=first.bits, group_size=first.group_size, sparsity=first.sparsity,
+        num_elements=int(total["n"]), bits_per_element=8 * compressed / total["n"] if total["n"] else 0.0,
+        thresholds=th, sums=total, error_histogram_edges=first.error_histogram_edges,
+        tensors=[t for p in parts for t in p.tensors], **added,
+    )
+
+
 def print_metrics_report(metrics: CompressionMetrics, title: str = "Compression Metrics") -> None:
     """Print the metrics as a small fixed-width report."""
     bar = "=" * 60

@@ -94,9 +94,14 @@ def _layout(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list[dict[
     """Where each tensor lies in a segment, and the segment's size. Named, typed and ordered as
     save_kv_cache's file holds them (safetensors orders tensors by name), so the codec sees the
     same tensors in the same order and pools its sums identically."""
+    return named_layout([(f"layer_{i}_{role}", t) for i, (k, v) in enumerate(layers)
+                         for role, t in (("key", k), ("value", v))])
+
+
+def named_layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[dict[str, Any]], int]:
+    """``_layout`` for any named tensors (one layer's, in write mode), ordered by name."""
     refs, off = [], 0
-    named = sorted((f"layer_{i}_{role}", t) for i, (k, v) in enumerate(layers) for role, t in (("key", k), ("value", v)))
-    for name, t in named:
+    for name, t in sorted(named, key=lambda nt: nt[0]):
         dt = stored(t.dtype)  # bfloat16 travels as float32, as in a file
         refs.append({"name": name, "dtype": dt.safetensors, "shape": list(t.shape), "offset": off})
         off += -(-t.numel() * dt.itemsize // ALIGN) * ALIGN

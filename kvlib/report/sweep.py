@@ -35,7 +35,9 @@ def banner(result: SweepResult | dict[str, Any]):
     color, word = ("#1a7f37", f"USE {r['recommended']}") if ok else ("#cf222e", "NO SCHEME PASSES WITH CONFIDENCE")
     layers = (r.get("kv_geometry") or {}).get("layers")
     sub = (f"{html.escape(r['model'])}{f' ({layers})' if layers else ''} &middot; {html.escape(r['corpus'])} &middot; {r['dtype']} &middot; {r['windows']} windows, "
-           f"{r['context_scored_tokens']} tokens after a compressed context &middot; gate: gated perplexity delta "
+           f"{r['context_scored_tokens']} tokens " + ("after a compressed context" if r.get("mode", "prefix") == "prefix"
+                                                       else "with every K/V quantized as written (write mode)")
+           + " &middot; gate: gated perplexity delta "
            f"&lt; {r['threshold']:g}, robust when its {CI_LEVEL:.0%} CI is below it too")
     return HTML(
         f'<div class="kvlib-banner" data-verdict="{html.escape(word)}" style="border-left:8px solid {color};'

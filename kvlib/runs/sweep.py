@@ -34,7 +34,7 @@ from kvlib.models import corpus
 from kvlib.models.zoo import EMBEDDED
 from kvlib.runs.setup import RunParams, RunSetup, prepare_run
 from kvlib.scoring.executor import RayExecutor, ScoringJob, SerialExecutor
-from kvlib.scoring.perplexity import PerplexityResult, plan_windows
+from kvlib.scoring.perplexity import MODES, PerplexityResult, plan_windows
 from kvlib.scoring.provenance import RunIdentity
 from kvlib.scoring.stats import KLDSummary, bootstrap_delta_ci
 from kvlib.scoring.store import ResultsStore, unit_key
@@ -52,6 +52,7 @@ class SchemeResult:
     name: str  # preset name, spec, or the peer's name
     spec: str
     kind: str  # "kvq" (kv-compress) or "peer" (transformers' QuantizedCache)
+    mode: str = "prefix"  # how it met the model: a compressed prefix, or every K/V as written (MODES)
     bits_per_element: float = math.nan
     compression_ratio: float = math.nan  # vs FP16
     compressed_perplexity: float = math.nan
@@ -103,6 +104,7 @@ class SweepResult:
     stride: int
     context_length: int
     windows: int
+    mode: str  # "prefix" or "write": what the gated delta measures (kvlib.scoring.perplexity.MODES)
     scored_tokens: int
     context_windows: int
     context_scored_tokens: int
@@ -164,7 +166,7 @@ def _layer_snr(comp: CompressionMetrics | None, role: str) -> list[float]:
 
 
 def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, threshold: float,
-                  seconds: float = 0.0) -> SchemeResult:
+                  seconds: float = 0.0, mode: str = "prefix") -> SchemeResult:
     """The numbers of one scheme from its windows (gated measures: compressed windows only)."""
     ctx = [w for w in ppl.windows if w.compressed]
     b = np.array([w.baseline_nll for w in ctx])
@@ -185,7 +187,7 @@ def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, thresh
         values=pool_tensors(comp.tensors, "_value") if comp else {},
         layer_key_snr_db=_layer_snr(comp, "key"), layer_value_snr_db=_layer_snr(comp, "value"),
         window_deltas=[w.compressed_ppl - w.baseline_ppl for w in ctx], seconds=seconds,
-        compression=comp.to_dict() if comp else {},
+        compression=comp.to_dict() if comp else {}, mode=mode,
     )
     r.passed = bool(ctx) and verdict(r.context_delta, threshold)
     r.robust = r.passed and robust(r.ci_high, threshold)
@@ -225,7 +227,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
                   workdir: str | os.PathLike, model_name: str, threshold: float = PPL_DELTA_THRESHOLD,
                   peers: bool = False, max_windows: int | None = None, progress: bool = False,
                   store: ResultsStore | None = None, identity: RunIdentity | None = None,
-                  executor: Any = None, job: ScoringJob | None = None,
+                  executor: Any = None, job: ScoringJob | None = None, mode: str = "prefix",
                   ) -> tuple[list[SchemeResult], PerplexityResult, dict[str, float]]:
     """Score every codec (and the peers) over the same windows; the shared core
     of run_sweep and run_full_validation. Returns the scheme results, the first
@@ -234,7 +236,8 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     ``lm`` is the model, or a function that loads it: called only when a unit is missing.
     With ``store`` and ``identity``, finished units are read from the store and new ones
     written to it as each window finishes; ``executor`` (default in-process; needs ``job``)
-    computes the missing ones. The merged result does not depend on which did what."""
+    computes the missing ones. The merged result does not depend on which did what.
+    ``mode`` (kvlib.scoring.perplexity.MODES) enters every unit's key and every result."""
     missing_peer = peers_unavailable() if peers else None
     peer_list = peer_transforms() if peers else []
     # name -> (kind, spec as shown, spec as keyed): what each transform computes, before any is built
@@ -256,7 +259,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     t0 = time.perf_counter()
     plan = ScoringPlan(identity or _anonymous(max_length, stride), plan_windows(ids.shape[1], max_length, stride,
                                                                                   max_windows),
-                       {name: key for name, (_, _, key) in described.items()})
+                       {name: key if mode == "prefix" else f"{mode}: {key}" for name, (_, _, key) in described.items()})
     done, missing = plan.lookup(store if identity is not None else None)
 
     def on_window(index: int, outcomes: dict[str, Any]) -> None:
@@ -265,11 +268,12 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
 
     if executor is None:
         executor = SerialExecutor(load, transforms, progress)
-    executor.run(job or _job_for(codecs, peers, max_length, stride, max_windows, model_name), ids, missing, on_window)
+    executor.run(job or _job_for(codecs, peers, max_length, stride, max_windows, model_name, mode=mode), ids, missing,
+                 on_window)
     res = plan.merge(done, time.perf_counter() - t0)
     out = []
     for name, (kind, spec, _) in described.items():
-        out.append(scheme_result(name, spec, kind, res[name], threshold, res[name].transform_seconds))
+        out.append(scheme_result(name, spec, kind, res[name], threshold, res[name].transform_seconds, mode))
     if missing_peer is not None:
         out += [SchemeResult(name=t.name, spec=t.spec, kind=t.kind, error=missing_peer) for t in peer_list]
     clis = [t for t in made.get("ts", {}).values() if isinstance(t, CodecRoundtrip)]
@@ -286,9 +290,10 @@ def _anonymous(max_length: int, stride: int) -> RunIdentity:
 
 
 def _job_for(codecs: list[CodecConfig], peers: bool, max_length: int, stride: int, max_windows: int | None,
-             model_name: str, model: str = "", device: str = "cpu", dtype: str = "float32") -> ScoringJob:
+             model_name: str, model: str = "", device: str = "cpu", dtype: str = "float32",
+             mode: str = "prefix") -> ScoringJob:
     return ScoringJob(model, device, dtype, tuple(c.spec for c in codecs), peers, max_length, stride, max_windows,
-                      model_name)
+                      model_name, mode=mode)
 
 
 def run_sweep(
@@ -312,6 +317,7 @@ def run_sweep(
     budget: str | float | list[float] | None = None,
     calibration: CalibrationConfig | str | None = None,
     sensitivity: bool = False,
+    mode: str = "prefix",
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
@@ -326,8 +332,12 @@ def run_sweep(
     ``sensitivity``: also measure each (layer, role) slot's cost under each candidate scheme on
     the ``calibration`` windows (kvlib.budget); ``budget`` (bits per element, one or a list)
     implies it and validates the mixed scheme each budget allots, named ``mix@BUDGET``, beside
-    the others."""
+    the others.
+
+    ``mode``: "prefix" (default: the context compressed once, the KVQuant-style gate) or "write"
+    (every K and V quantized as written, inside the forward, as engines do; kvlib.scoring.write)."""
     t_start = time.perf_counter()
+    check_mode(mode)
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
     budgets = budget if isinstance(budget, list) else parse_budgets(budget)
     cal_cfg = calibration if isinstance(calibration, CalibrationConfig) else CalibrationConfig.from_string(calibration or "")
@@ -345,7 +355,7 @@ def run_sweep(
                                               verbose if progress is None else progress)
     lazy = run.lazy()  # the decoding checks load it only for a unit not stored
     checks.check_inputs(lazy, run.tokenizer, run.ids.shape[1], run.text.name)
-    executor, job = executor_for(run, resolved, peers, ray)
+    executor, job = executor_for(run, resolved, peers, ray, mode)
     names = ", ".join(mixes.get(c.name, c.name) for c in resolved) + (
         " + the transformers QuantizedCache peer" if peers else "")
     run.say(f"Scoring {names} on {run.text.name} ({run.ids.shape[1]} tokens, window {run.context_length}, "
@@ -356,7 +366,7 @@ def run_sweep(
     with tempfile.TemporaryDirectory(prefix="kvlib-sweep-") as tmp:
         schemes, first, timing = score_schemes(
             run.load, run.ids, run.context_length, stride, resolved, workdir or tmp, run.name, threshold, peers,
-            max_windows, progress, store=run.store, identity=run.identity, executor=executor, job=job)
+            max_windows, progress, store=run.store, identity=run.identity, executor=executor, job=job, mode=mode)
         seconds = time.perf_counter() - t0 - (0.0 if loaded_before else run.model_load_s)
         run.say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, resolved, checks, workdir or tmp,
@@ -370,7 +380,7 @@ def run_sweep(
     rec, sentence = recommend(schemes)
     result = SweepResult(
         model=run.name, corpus=run.text.name, device=run.device, dtype=run.dtype_name,
-        threshold=threshold, stride=stride, context_length=run.context_length, windows=first.num_windows,
+        threshold=threshold, stride=stride, context_length=run.context_length, windows=first.num_windows, mode=mode,
         scored_tokens=first.scored_tokens, context_windows=sum(w.compressed for w in first.windows),
         context_scored_tokens=first.context_scored_tokens, baseline_perplexity=first.baseline_perplexity,
         context_baseline_perplexity=first.context_baseline_perplexity, schemes=schemes, recommended=rec,
@@ -403,7 +413,13 @@ def _add_mixes(run: RunSetup, resolved: list[CodecConfig], cal_cfg: CalibrationC
     return resolved, planned, mixes
 
 
-def executor_for(run: RunSetup, codecs: list[CodecConfig], peers: bool, ray: bool | str
+def check_mode(mode: str) -> None:
+    """A scoring mode kvlib has (ValueError naming the choices)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
+
+
+def executor_for(run: RunSetup, codecs: list[CodecConfig], peers: bool, ray: bool | str, mode: str = "prefix"
                  ) -> tuple[Any, ScoringJob | None]:
     """Where the missing units run: in process (None), or on Ray when ``ray`` (True or an address),
     RAY_ADDRESS or KVLIB_RAY=1 asks for it."""
@@ -411,7 +427,8 @@ def executor_for(run: RunSetup, codecs: list[CodecConfig], peers: bool, ray: boo
         return None, None
     p = run.params
     return RayExecutor(address=ray if isinstance(ray, str) else None), _job_for(
-        codecs, peers, run.context_length, p.stride, p.max_windows, run.name, p.model, run.device, run.dtype_name)
+        codecs, peers, run.context_length, p.stride, p.max_windows, run.name, p.model, run.device, run.dtype_name,
+        mode)
 
 
 def renamed(d: Any, names: dict[str, str]) -> Any:
@@ -453,7 +470,8 @@ def print_sweep(r: SweepResult) -> None:
     bar = "=" * 108
     print(bar)
     print(f"  SWEEP  {r.model} on {r.corpus} ({r.dtype}, {r.device})")
-    print(f"  {r.windows} windows, {r.context_scored_tokens} tokens after a compressed context, "
+    what = "after a compressed context" if r.mode == "prefix" else "with every K/V quantized as written (write mode)"
+    print(f"  {r.windows} windows, {r.context_scored_tokens} tokens {what}, "
           f"baseline perplexity {r.context_baseline_perplexity:.4f}")
     print(bar)
     print(f"  {'scheme':16s} {'bits/el':>7s} {'ratio':>6s} {'delta gated':>11s} {f'{CI_LEVEL:.0%} CI':>19s} "

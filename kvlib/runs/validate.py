@@ -29,7 +29,7 @@ from kvlib.gates import CI_LEVEL, MIN_CI_UNITS, PPL_DELTA_THRESHOLD
 from kvlib.models import corpus
 from kvlib.models.zoo import EMBEDDED
 from kvlib.runs.setup import RunParams, RunSetup, prepare_run
-from kvlib.runs.sweep import executor_for, model_geometry, score_schemes, write_json
+from kvlib.runs.sweep import check_mode, executor_for, model_geometry, score_schemes, write_json
 from kvlib.scoring.store import unit_key
 
 KVQUANT_THRESHOLD = PPL_DELTA_THRESHOLD  # the design documents' name
@@ -63,6 +63,7 @@ class ValidationResult:
     context_baseline_perplexity: float = math.nan
     context_compressed_perplexity: float = math.nan
     context_delta: float = math.nan  # the gated delta: windows with a compressed context
+    mode: str = "prefix"  # what it measures: a compressed prefix, or every K/V as written (MODES)
     ci_low: float = math.nan  # confidence interval of the gated delta (kvlib.gates.CI_METHOD)
     ci_high: float = math.nan
     robust: bool = False  # passed, and the CI's upper bound is below the threshold too
@@ -154,7 +155,7 @@ def _validation_result(ppl: Any, scheme: Any, codec: CodecConfig, threshold: flo
         rmse=comp.rmse if comp else math.nan, snr_db=comp.snr_db if comp else math.nan,
         cosine_similarity=comp.cosine_similarity if comp else math.nan,
         passed=passed, threshold=threshold, model=model, corpus=corpus_name, device=device,
-        scheme=codec.spec, scheme_name=codec.name, stride=stride, context_length=context_length,
+        scheme=codec.spec, scheme_name=codec.name, stride=stride, context_length=context_length, mode=scheme.mode,
         windows=ppl.num_windows, scored_tokens=ppl.scored_tokens,
         context_windows=sum(1 for w in ppl.windows if w.compressed), context_scored_tokens=ppl.context_scored_tokens,
         context_baseline_perplexity=ppl.context_baseline_perplexity,
@@ -200,6 +201,7 @@ def run_full_validation(
     results: str | os.PathLike | None | bool = None,
     fresh: bool = False,
     ray: bool | str = False,
+    mode: str = "prefix",
 ) -> ValidationResult:
     """Run the six steps and return the result (see the module docstring for the gate).
 
@@ -212,6 +214,7 @@ def run_full_validation(
     if not check_cli_available():
         raise RuntimeError(f"Go CLI not found. {BUILD_HINT}")
     codec = resolve_codec(codec)  # a bad scheme fails before anything loads
+    check_mode(mode)
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
     run = prepare_run(RunParams(model, corpus_name, device, dtype, threshold, stride, max_windows, context_length,
                                 results, fresh), verbose)
@@ -230,11 +233,11 @@ def run_full_validation(
         _say(verbose, f"[5/6] Computing baseline and compressed perplexity on {run.text.name} "
                       f"({run.ids.shape[1]} tokens, window {L}, stride {stride}"
                       + (f", at most {max_windows} windows" if max_windows else "") + ")...")
-        executor, job = executor_for(run, [codec], False, ray)
+        executor, job = executor_for(run, [codec], False, ray, mode)
         (scheme,), ppl, bridge_timing = score_schemes(
             run.load, run.ids, L, stride, [codec], work / "windows", run.name, threshold, peers=False,
             max_windows=max_windows, progress=progress, store=run.store, identity=run.identity,
-            executor=executor, job=job)
+            executor=executor, job=job, mode=mode)
         _say(verbose, f"    Units: {bridge_timing['units_computed']:.0f} computed, "
                       f"{bridge_timing['units_reused']:.0f} read from the store")
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, [codec], checks, work, run.name,
@@ -265,8 +268,9 @@ def print_result(r: ValidationResult) -> None:
     print(f"  Baseline Perplexity:   {r.baseline_perplexity:.4f}")
     print(f"  Compressed Perplexity: {r.compressed_perplexity:.4f}")
     print(f"  Delta (all tokens):    {r.delta:+.4f} ({r.delta_percent:+.2f}%)")
+    what = "with a compressed context" if r.mode == "prefix" else "every K/V quantized as written (write mode)"
     print(f"  Delta (gated):         {r.context_delta:+.4f} over {r.context_scored_tokens} tokens "
-          f"with a compressed context ({r.context_baseline_perplexity:.4f} -> {r.context_compressed_perplexity:.4f})")
+          f"{what} ({r.context_baseline_perplexity:.4f} -> {r.context_compressed_perplexity:.4f})")
     print(f"  {CI_LEVEL:.0%} CI (gated):        {ci_text(r.ci_low, r.ci_high, label=False)}"
           f"{'' if r.robust or not r.passed or math.isnan(r.ci_high) else ' (crosses the threshold)'}")
     print(f"  KL divergence:         mean {r.kld_mean:.5f}, median {r.kld_median:.5f}, p99 {r.kld_p99:.4f} nats; "

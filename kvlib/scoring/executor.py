@@ -46,6 +46,7 @@ class ScoringJob:
     max_windows: int | None
     model_name: str
     threads: int = 0  # torch threads per worker (0: the worker's default)
+    mode: str = "prefix"  # kvlib.scoring.perplexity.MODES
 
 
 def _groups(missing: dict[int, list[str]]) -> dict[tuple[str, ...], set[int]]:
@@ -71,7 +72,7 @@ class SerialExecutor:
         lm, ts = self.load(), self.transforms()
         for names, select in _groups(missing).items():
             score_windows(lm, ids, job.max_length, job.stride, {n: ts[n] for n in names}, job.max_windows,
-                          self.progress, select=select, on_window=on_window)
+                          self.progress, select=select, on_window=on_window, mode=job.mode)
 
 
 class RayUnavailable(RuntimeError):
@@ -108,7 +109,7 @@ class _Worker:
         with each task from the object store, so a restarted actor needs nothing from before."""
         out: dict[str, Outcome] = {}
         score_windows(self.lm, torch.from_numpy(ids.copy()), self.job.max_length, self.job.stride, {n: self.transforms[n] for n in names},
-                      self.job.max_windows, progress=False, select={index}, on_window=lambda i, r: out.update(r))
+                      self.job.max_windows, progress=False, select={index}, on_window=lambda i, r: out.update(r), mode=self.job.mode)
         return index, {n: encode(o) for n, o in out.items()}
 
 

@@ -30,12 +30,17 @@ from kvlib.models.corpus import load_corpus, tokenize
 from kvlib.models.sources import context_length
 from kvlib.codec.metrics import CompressionMetrics, pool_metrics
 from kvlib.cache.layout import context_cache, new_cache
+from kvlib.scoring.write import score_write
 
 # A cache transform returns the cache to attend to and, optionally, the codec's metrics.
 CacheTransform = Callable[[Any], "tuple[Any, CompressionMetrics | None]"]
 # Told each finished window: its index and, per transform name, its result and codec metrics.
 WindowCallback = Callable[[int, "dict[str, tuple[WindowResult, CompressionMetrics | None]]"], None]
 
+
+# How a scheme meets the model: the context compressed once ("prefix", the gate's default) or
+# every K and V as it is written ("write", the engines' arithmetic; kvlib.scoring.write).
+MODES = ("prefix", "write")
 
 @dataclass
 class Window:
@@ -261,6 +266,7 @@ def score_windows(
     overlap: bool | None = None,
     select: set[int] | None = None,
     on_window: WindowCallback | None = None,
+    mode: str = "prefix",
 ) -> dict[str, PerplexityResult]:
     """Score ``input_ids`` [1, N] window by window, exactly and through every transform.
 
@@ -278,7 +284,14 @@ def score_windows(
 
     ``select``: the indices of the windows to score (default all; the results cover those only).
     ``on_window`` is told each window's results as soon as they are complete, in window order.
+
+    ``mode``: "prefix" (the above: the context compressed once, the scored tokens attending to
+    their own window exactly; the KVQuant-style gate) or "write" (``kvlib.scoring.write``: every
+    K and V of the window written through the transform inside one forward, as engines do; every
+    window counts as compressed, window 0 included).
     """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"input_ids must be [1, N], got {tuple(input_ids.shape)}")
     transforms = dict(transforms or {})
@@ -296,6 +309,9 @@ def score_windows(
     start = time.perf_counter()
     results: dict[str, list[WindowResult]] = {k: [] for k in names}
     metrics: dict[str, list[CompressionMetrics]] = {k: [] for k in names}
+    if mode == "write":
+        return _score_windows_write(model, input_ids, windows, iterator, transforms, device, max_length, stride,
+                                    on_window)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvlib-codec") if overlap and transforms else None
     pending: tuple[_Baseline, Future] | None = None
     try:
@@ -323,6 +339,31 @@ def score_windows(
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+    seconds = time.perf_counter() - start
+    return {k: summarize(results[k], metrics[k], max_length, stride, seconds) for k in names}
+
+
+def _score_windows_write(model: Any, input_ids: torch.Tensor, windows: list[Window], iterator: Any,
+                         transforms: dict[str, CacheTransform], device: Any, max_length: int, stride: int,
+                         on_window: WindowCallback | None) -> dict[str, PerplexityResult]:
+    """score_windows in write mode: per window, the exact forward, then one written forward per
+    transform, scored against it."""
+    names = list(transforms) or [""]
+    start = time.perf_counter()
+    results: dict[str, list[WindowResult]] = {k: [] for k in names}
+    metrics: dict[str, list[CompressionMetrics]] = {k: [] for k in names}
+    for w in iterator:
+        b = _baseline(model, w, input_ids[:, w.begin: w.end].to(device), False)
+        done = {}
+        for k, t in transforms.items():
+            nll, kld, top1, m, seconds = score_write(model, b.ids, w.num_targets, b.targets, b.logp, t)
+            results[k].append(WindowResult(w.index, w.begin, w.end, w.num_targets, w.context_tokens, b.baseline, nll,
+                                           True, seconds, kld=kld, top1_agree=top1))
+            if m is not None:
+                metrics[k].append(m)
+            done[k] = (results[k][-1], m)
+        if on_window is not None and transforms:
+            on_window(w.index, done)
     seconds = time.perf_counter() - start
     return {k: summarize(results[k], metrics[k], max_length, stride, seconds) for k in names}
 

@@ -32,6 +32,11 @@ class CacheTransform:
     def __call__(self, cache: Any) -> tuple[Any, Any]:
         raise NotImplementedError
 
+    def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, Any]:
+        """Write mode: one layer's K and V as written, through the transform, as
+        (key, value, metrics); the tensors keep their shape, dtype and device."""
+        raise NotImplementedError(f"{type(self).__name__} has no write mode")
+
 
 class CodecRoundtrip(CacheTransform):
     """A round trip through kvlib's codec under ``self.codec`` (subclasses say how it is reached)."""

@@ -12,12 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvlib.cache.io import load_kv_cache, save_kv_cache
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from kvlib.cache.io import layer_metadata, load_kv_cache, save_kv_cache
 from kvlib.cache.layout import cache_layers, cache_like
 from kvlib.codec.binary import find_cli_binary
 from kvlib.codec.cli import roundtrip_kv_cache
 from kvlib.codec.metrics import CompressionMetrics
-from kvlib.codec.server import CodecServer, SharedContext, SharedSegment, by_name, shared_server, view
+from kvlib.codec.server import CodecServer, SharedContext, SharedSegment, by_name, named_layout, shared_server, view
+from kvlib.dtypes import stored
 from kvlib.codec.spec import CodecConfig, resolve_codec
 from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
 
@@ -93,6 +97,29 @@ class CLICacheRoundtrip(CodecRoundtrip):
         self.calls += 1
         return restored, metrics
 
+    def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, CompressionMetrics]:
+        """Write mode through the file CLI: one layer's K and V in a file of their own."""
+        src, dst = self.workdir / "layer.safetensors", self.workdir / "layer.restored.safetensors"
+        kn, vn = _layer_names(layer)
+        t0 = time.perf_counter()
+        save_file({n: t.detach().to("cpu", stored(t.dtype).torch).contiguous() for n, t in ((kn, key), (vn, value))},
+                  str(src), metadata=layer_metadata(layer, key, self.model_name))
+        t1 = time.perf_counter()
+        metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
+        t2 = time.perf_counter()
+        with safe_open(str(dst), framework="pt") as f:
+            k, v = (f.get_tensor(n).to(t.device, t.dtype) for n, t in ((kn, key), (vn, value)))
+        self.seconds["save"] += t1 - t0
+        self.seconds["cli"] += t2 - t1
+        self.seconds["load"] += time.perf_counter() - t2
+        self.calls += 1
+        return k, v, metrics
+
+
+
+def _layer_names(layer: int) -> tuple[str, str]:
+    return f"layer_{layer}_key", f"layer_{layer}_value"
+
 
 class ServerCacheRoundtrip(CodecRoundtrip):
     """A cache transform through the codec server: ``transform(cache) -> (cache, CompressionMetrics)``,
@@ -125,6 +152,36 @@ class ServerCacheRoundtrip(CodecRoundtrip):
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
         (restored, metrics, _), = self.run_batch([self], cache)
         return restored, metrics
+
+    def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, CompressionMetrics]:
+        """Write mode through the server: one layer's K and V in two segments of this transform's
+        own (grown as needed), the reconstruction copied out so the next layer can reuse them."""
+        kn, vn = _layer_names(layer)
+        refs, size = named_layout([(kn, key), (vn, value)])
+        cuda = key.is_cuda
+        t0 = time.perf_counter()
+        for attr, tag in (("_layer_in", "kvlib-layer"), ("_layer_out", "kvlib-layer-restored")):
+            seg = getattr(self, attr, None)
+            if seg is None or seg.size < size or seg.for_cuda != cuda:
+                if seg is not None:
+                    seg.close()
+                setattr(self, attr, SharedSegment(size, tag, pinned=cuda))
+        where = by_name(refs)
+        for n, t in ((kn, key), (vn, value)):
+            view(self._layer_in, where[n]).copy_(t.detach(), non_blocking=cuda)
+        self._layer_in.fence.mark()
+        self._layer_in.fence.wait()
+        t1 = time.perf_counter()
+        resp = self.server.request({"op": "roundtrip", "input": self._layer_in.segment(),
+                                    "metadata": layer_metadata(layer, key, self.model_name), "tensors": refs,
+                                    "schemes": [{"args": self.codec.cli_args(), "output": self._layer_out.segment()}]})
+        t2 = time.perf_counter()
+        k, v = (view(self._layer_out, where[n]).to(t.device, t.dtype, copy=True) for n, t in ((kn, key), (vn, value)))
+        self.seconds["save"] += t1 - t0
+        self.seconds["cli"] += t2 - t1
+        self.seconds["load"] += time.perf_counter() - t2
+        self.calls += 1
+        return k, v, CompressionMetrics.from_dict(resp["results"][0])
 
     @staticmethod
     def run_batch(ts: list["ServerCacheRoundtrip"], cache: Any) -> list[tuple[Any, CompressionMetrics, float]]:

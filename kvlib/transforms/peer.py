@@ -89,9 +89,37 @@ class QuantoPeer(CacheTransform):
     def key(self) -> str:
         return f"{self.spec}, optimum-quanto {quanto_version()}"
 
-    def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
+    def _layer(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[list[torch.Tensor], list[dict], int]:
+        """One layer through QuantizedCache's quantized layer: (reconstructions, tensor entries, bytes)."""
         from transformers.cache_utils import QuantoQuantizedLayer
 
+        # QuantizedCache(backend="quanto") holds one of these per layer, built with these settings. It is
+        # used layer by layer because QuantizedCache refuses models with sliding-window layers; here each
+        # layer quantizes exactly what it stores, as kvlib's codecs do.
+        layer = QuantoQuantizedLayer(nbits=self.nbits, q_group_size=self.q_group_size, residual_length=0)
+        layer.update(k, v)
+        pair, tensors, stored = [], [], 0
+        for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
+            y = layer._dequantize(q).to(x.dtype)
+            pair.append(y)
+            s = _sums(x.float(), y.float())
+            tensors.append({"name": f"layer_{i}_{role}", "sums": s, "head_sums": [], "error_histogram": [],
+                            **pooled_quality(s)})
+            stored += _nbytes(q)
+        return pair, tensors, stored
+
+    def _metrics(self, tensors: list[dict], stored: int, n: int) -> CompressionMetrics:
+        total = {key: sum(t["sums"][key] for t in tensors) for key in ("n", "sum_x2", "sum_y2", "sum_xy", "sum_e2")}
+        total["max_error"] = max((t["sums"]["max_error"] for t in tensors), default=0.0)
+        return CompressionMetrics.from_dict({
+            "command": "peer", "scheme": self.name, "scheme_name": self.name,
+            "compression_ratio": 2 * n / stored if stored else 0.0, "original_size_bytes": 2 * n,
+            "compressed_size_bytes": stored, "bits_per_element": 8 * stored / n if n else 0.0,
+            "num_elements": n, "num_tensors": len(tensors), "passed": True, "violations": [],
+            "sums": total, "tensors": tensors, **pooled_quality(total),
+        })
+
+    def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
         layers = cache_layers(cache)
         if layers and layers[0][0].is_cuda and not QuantoPeer._announced:
             QuantoPeer._announced = True  # its first CUDA call is silent for minutes otherwise
@@ -99,31 +127,16 @@ class QuantoPeer(CacheTransform):
                   "--no-peers skips the peer", file=sys.stderr, flush=True)
         tensors, stored, n, restored = [], 0, 0, []
         for i, (k, v) in enumerate(layers):
-            # QuantizedCache(backend="quanto") holds one of these per layer, built with these settings. It is
-            # used layer by layer because QuantizedCache refuses models with sliding-window layers; here each
-            # layer quantizes exactly what it stores, as kvlib's codecs do.
-            layer = QuantoQuantizedLayer(nbits=self.nbits, q_group_size=self.q_group_size, residual_length=0)
-            layer.update(k, v)
-            pair = []
-            for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
-                y = layer._dequantize(q).to(x.dtype)
-                pair.append(y)
-                s = _sums(x.float(), y.float())
-                tensors.append({"name": f"layer_{i}_{role}", "sums": s, "head_sums": [], "error_histogram": [],
-                                **pooled_quality(s)})
-                stored += _nbytes(q)
-                n += x.numel()
+            pair, ts, nbytes = self._layer(i, k, v)
+            tensors += ts
+            stored += nbytes
+            n += k.numel() + v.numel()
             restored.append((pair[0], pair[1]))
-        total = {key: sum(t["sums"][key] for t in tensors) for key in ("n", "sum_x2", "sum_y2", "sum_xy", "sum_e2")}
-        total["max_error"] = max((t["sums"]["max_error"] for t in tensors), default=0.0)
-        metrics = CompressionMetrics.from_dict({
-            "command": "peer", "scheme": self.name, "scheme_name": self.name,
-            "compression_ratio": 2 * n / stored if stored else 0.0, "original_size_bytes": 2 * n,
-            "compressed_size_bytes": stored, "bits_per_element": 8 * stored / n if n else 0.0,
-            "num_elements": n, "num_tensors": len(tensors), "passed": True, "violations": [],
-            "sums": total, "tensors": tensors, **pooled_quality(total),
-        })
-        return cache_like(cache, restored), metrics
+        return cache_like(cache, restored), self._metrics(tensors, stored, n)
+
+    def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, CompressionMetrics]:
+        pair, tensors, stored = self._layer(layer, key, value)
+        return pair[0], pair[1], self._metrics(tensors, stored, key.numel() + value.numel())
 
 
 @register_peer("hf-quanto", lambda: peer_unavailable())  # looked up when asked

@@ -1,0 +1,56 @@
+"""Write mode: K and V quantized as the engine writes them. Inside the forward, each layer's keys
+and values pass through the transform before attention reads them, every token of the window,
+every layer — so a token attends to the quantized keys and values of every earlier token of its
+own window (and its own), as in llama.cpp and vLLM, not only to a compressed prefix.
+
+One codec round trip per layer and window (the codec server's, or the file CLI's): the same Go
+codec as prefix mode, no second implementation. Queries stay exact here; a format whose engine
+converts them (llama.cpp's Q to the K type's dot-product format) says so itself.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kvlib.cache.layout import new_cache
+from kvlib.codec.metrics import join_metrics
+
+
+def write_cache(model: Any, transform: Any, sink: list) -> Any:
+    """An empty cache of the model's layout whose writes go through ``transform.roundtrip_layer``:
+    attention gets (and the cache keeps) the reconstructions. Each layer's metrics go to ``sink``."""
+    cache = new_cache(model)
+    update = cache.update
+
+    def write(key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any) -> Any:
+        k, v, m = transform.roundtrip_layer(layer_idx, key_states, value_states)
+        sink.append(m)
+        return update(k, v, layer_idx, *args, **kw)
+
+    cache.update = write
+    return cache
+
+
+def score_write(model: Any, ids: torch.Tensor, num_targets: int, targets: torch.Tensor, logp_base: torch.Tensor,
+                transform: Any) -> tuple[float, list[float], int, Any, float]:
+    """One window's forward with every K and V written through ``transform``, scored against the
+    exact forward's log-probabilities: (summed NLL, KL per target, top-1 agreements, the window's
+    metrics joined over its layers, seconds in the transform)."""
+    sink: list = []
+    seconds0 = sum(getattr(transform, "seconds", {}).values())
+    t0 = time.perf_counter()
+    out = model(input_ids=ids, past_key_values=write_cache(model, transform, sink), use_cache=True,
+                logits_to_keep=num_targets + 1)
+    wall = time.perf_counter() - t0
+    spent = sum(getattr(transform, "seconds", {}).values()) - seconds0 if hasattr(transform, "seconds") else wall
+    logp = F.log_softmax(out.logits[0, :-1].float(), dim=-1)
+    del out
+    nll = float(-logp.gather(1, targets[:, None])[:, 0].double().sum())
+    top1 = int((logp.argmax(-1) == logp_base.argmax(-1)).sum())
+    kld = logp.neg_().add_(logp_base).mul_(logp_base.exp()).sum(-1).clamp_min(0)  # KL(exact || written)
+    parts = [m for m in sink if m is not None]
+    return nll, kld.double().tolist(), top1, join_metrics(parts) if parts else None, spent

@@ -1,0 +1,86 @@
+"""Write mode: every K and V through the codec as each layer writes it, inside one forward; the
+same codec (server or file CLI) as prefix mode, units keyed by mode, every window gated."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from kvlib.cache.io import layer_metadata
+from kvlib.codec.cli import roundtrip_kv_cache
+from kvlib.codec.server import CodecServer, SharedContext
+from kvlib.codec.spec import resolve_codec
+from kvlib.runs.sweep import run_sweep
+from kvlib.scoring.perplexity import score_windows
+from kvlib.scoring.write import write_cache
+from kvlib.transforms.base import CacheTransform
+from kvlib.transforms.codec import CLICacheRoundtrip, ServerCacheRoundtrip
+
+
+class Identity(CacheTransform):
+    name, spec = "identity", "identity"
+
+    def roundtrip_layer(self, layer, key, value):
+        return key, value, None
+
+
+def _ids(n: int = 300) -> torch.Tensor:
+    return torch.randint(3, 64, (1, n), generator=torch.Generator().manual_seed(1))
+
+
+def test_identity_writes_reproduce_the_exact_forward(tiny_llama):
+    r = score_windows(tiny_llama, _ids(), 128, 64, {"id": Identity()}, max_windows=3, progress=False, mode="write")["id"]
+    assert all(w.compressed for w in r.windows)  # window 0 too: its tokens attend to written K/V
+    assert [w.compressed_nll for w in r.windows] == [w.baseline_nll for w in r.windows]
+    assert all(k == 0.0 for w in r.windows for k in w.kld) and sum(w.top1_agree for w in r.windows) == r.scored_tokens
+
+
+def test_server_and_file_cli_write_the_same_bits(tiny_llama, tmp_path, cli):
+    codec = resolve_codec("int4")
+    with CodecServer() as srv:
+        ts = {"server": ServerCacheRoundtrip(srv, codec, "tiny", context=SharedContext("tiny")),
+              "cli": CLICacheRoundtrip(tmp_path, codec, "tiny")}
+        r = score_windows(tiny_llama, _ids(), 128, 64, ts, max_windows=3, progress=False, mode="write")
+    assert [w.compressed_nll for w in r["server"].windows] == [w.compressed_nll for w in r["cli"].windows]
+    assert r["server"].compression.to_dict()["sums"] == r["cli"].compression.to_dict()["sums"]
+    assert r["server"].compressed_perplexity != r["server"].baseline_perplexity  # int4 changes something
+    # 22 layers x K, V per window, every token of the window counted
+    assert r["cli"].compression.num_elements == 3 * 22 * 2 * 4 * 64 * 128
+
+
+def test_the_first_layer_is_written_as_the_codec_reconstructs_it(tiny_llama, tmp_path, cli):
+    """Layer 0's input is exact in either mode, so what write mode hands attention there is
+    kv-compress's reconstruction of the exact K and V: checked through a file of its own."""
+    ids = _ids(100)
+    exact = tiny_llama(input_ids=ids, use_cache=True).past_key_values
+    k0, v0 = exact.layers[0].keys, exact.layers[0].values
+    save_file({"layer_0_key": k0.contiguous(), "layer_0_value": v0.contiguous()}, str(tmp_path / "l0.safetensors"),
+              metadata=layer_metadata(0, k0, "tiny"))
+    roundtrip_kv_cache(tmp_path / "l0.safetensors", tmp_path / "l0.out.safetensors", codec="q4_0")
+    want = load_file(str(tmp_path / "l0.out.safetensors"))
+    seen = {}
+
+    class Spy(CLICacheRoundtrip):
+        def roundtrip_layer(self, layer, key, value):
+            k, v, m = super().roundtrip_layer(layer, key, value)
+            seen.setdefault(layer, (k, v))
+            return k, v, m
+
+    sink: list = []
+    tiny_llama(input_ids=ids, past_key_values=write_cache(tiny_llama, Spy(tmp_path / "w", resolve_codec("q4_0"), "tiny"),
+                                                           sink), use_cache=True)
+    assert torch.equal(seen[0][0], want["layer_0_key"]) and torch.equal(seen[0][1], want["layer_0_value"])
+    assert len(sink) == 22 and not torch.equal(seen[0][0], k0)
+
+
+def test_units_are_keyed_by_mode_and_results_record_it(tiny_dir, tmp_path, cli):
+    kw = dict(model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), context_length=128, stride=64,
+              max_windows=3, peers=False, verbose=False, progress=False, results=tmp_path / "store")
+    prefix = run_sweep(["int4"], **kw)
+    write = run_sweep(["int4"], mode="write", **kw)
+    assert write.timing["units_computed"] == 3  # none of the prefix units serves write mode
+    assert (prefix.mode, write.mode) == ("prefix", "write") and write.scheme("int4").mode == "write"
+    assert write.context_windows == 3 and prefix.context_windows == 2  # write mode gates every window
+    assert write.scheme("int4").context_delta != prefix.scheme("int4").context_delta
+    again = run_sweep(["int4"], mode="write", **kw)
+    assert again.timing["units_computed"] == 0 and again.scheme("int4").context_delta == write.scheme("int4").context_delta
