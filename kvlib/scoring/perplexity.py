@@ -61,6 +61,19 @@ class Window:
         return max(0, self.length - self.num_targets - 1)
 
 
+def plan_chunks(num_tokens: int, n_ctx: int, max_chunks: int | None = None) -> list[Window]:
+    """llama.cpp's perplexity plan (tools/perplexity/perplexity.cpp, perplexity(), llama.cpp
+    0c1e57098): non-overlapping chunks of ``n_ctx`` tokens, as many as fit whole, each scoring its
+    second half: the logits at positions n_ctx/2 .. n_ctx-2 predict tokens n_ctx/2+1 .. n_ctx-1,
+    n_ctx - n_ctx/2 - 1 targets a chunk."""
+    if n_ctx < 4:
+        raise ValueError(f"n_ctx {n_ctx} must be at least 4")
+    n = num_tokens // n_ctx if max_chunks is None else min(max_chunks, num_tokens // n_ctx)
+    if n < 1:
+        raise ValueError(f"need at least one chunk of {n_ctx} tokens, got {num_tokens} tokens")
+    return [Window(i, i * n_ctx, (i + 1) * n_ctx, n_ctx - n_ctx // 2 - 1) for i in range(n)]
+
+
 def plan_windows(num_tokens: int, max_length: int, stride: int, max_windows: int | None = None) -> list[Window]:
     """The Hugging Face sliding-window plan over ``num_tokens`` tokens."""
     if not 0 < stride <= max_length:
@@ -267,6 +280,7 @@ def score_windows(
     select: set[int] | None = None,
     on_window: WindowCallback | None = None,
     mode: str = "prefix",
+    windows: list[Window] | None = None,
 ) -> dict[str, PerplexityResult]:
     """Score ``input_ids`` [1, N] window by window, exactly and through every transform.
 
@@ -285,6 +299,8 @@ def score_windows(
     ``select``: the indices of the windows to score (default all; the results cover those only).
     ``on_window`` is told each window's results as soon as they are complete, in window order.
 
+    ``windows``: another plan than the sliding one (``plan_chunks``: llama.cpp's protocol).
+
     ``mode``: "prefix" (the above: the context compressed once, the scored tokens attending to
     their own window exactly; the KVQuant-style gate) or "write" (``kvlib.scoring.write``: every
     K and V of the window written through the transform inside one forward, as engines do; every
@@ -298,7 +314,8 @@ def score_windows(
     names = list(transforms) or [""]
     device = next(model.parameters()).device
     overlap = device.type == "cuda" if overlap is None else overlap
-    windows = plan_windows(input_ids.shape[1], max_length, stride, max_windows)
+    if windows is None:
+        windows = plan_windows(input_ids.shape[1], max_length, stride, max_windows)
     if select is not None:
         windows = [w for w in windows if w.index in select]
     iterator: Any = windows
