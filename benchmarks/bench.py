@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--go-runs", type=int, default=20)
     ap.add_argument("--sweep-windows", type=int, default=3)
-    ap.add_argument("--only", choices=["server", "store", "budget"],
+    ap.add_argument("--only", choices=["server", "store", "budget", "write"],
                     help="run one section alone (server: the codec server's; store: the results store and Ray; "
                     "budget: the sensitivity pass)")
     args = ap.parse_args()
@@ -199,6 +199,9 @@ def main() -> None:
         kv = model(input_ids=ids[:, :2048], use_cache=True).past_key_values
     if args.only == "budget":
         budget_costs(model, ids)
+        return
+    if args.only == "write":
+        write_costs(model, ids, args.sweep_windows)
         return
     if args.only == "server":
         with tempfile.TemporaryDirectory(prefix="kvlib-bench-server-") as tmp:
@@ -262,6 +265,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvlib-bench-sweep-") as tmp2:
         sweep_costs(model, ids, Path(tmp2), args.sweep_windows)
         server_costs(model, ids, make_cache(cache_layers(kv)), Path(tmp2), args.sweep_windows)
+        write_costs(model, ids, args.sweep_windows)
     decoding_costs()
     store_costs(args.corpus, args.windows)
     budget_costs(model, ids)
@@ -451,6 +455,39 @@ def suffix_forward_s(model, ids, windows: int) -> float:
         model(input_ids=x[:, w.context_tokens:], past_key_values=ctx, use_cache=True)
         total += time.perf_counter() - t0
     return total
+
+
+@torch.no_grad()
+def write_costs(model, ids, windows: int, schemes=("int4", "q8_0"), rounds: int = 2) -> None:
+    """Write mode: a scheme's written forward per window against one plain full-window forward plus
+    the codec compute it needs (every layer's K and V through the codec server), best of rounds."""
+    from kvlib.codec.server import CodecServer, SharedContext
+    from kvlib.scoring.perplexity import plan_windows, score_windows
+    from kvlib.transforms.codec import ServerCacheRoundtrip
+
+    plan = plan_windows(ids.shape[1], 2048, 512, windows)
+    forward = math.inf
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for w in plan:
+            model(input_ids=ids[:, w.begin:w.end], logits_to_keep=w.num_targets + 1)
+        forward = min(forward, time.perf_counter() - t0)
+    print(f"\n== Write mode: every K and V through the codec server as written, {len(plan)} windows of 2048")
+    with CodecServer() as srv:
+        for name in schemes:
+            best = (math.inf, 0.0)
+            for _ in range(rounds):
+                t = ServerCacheRoundtrip(srv, name, "SmolLM2-135M", context=SharedContext("SmolLM2-135M"))
+                r = score_windows(model, ids, 2048, 512, {name: t}, windows, progress=False, mode="write")[name]
+                codec = sum(m.codec_time_ms for m in r.window_metrics) / 1000
+                # The run's time less its exact forwards (one per window, the baseline): the written forwards.
+                written = r.seconds - forward
+                if written < best[0]:
+                    best = (written, codec)
+            written, codec = best
+            ratio = written / (forward + codec)
+            print(f"  {name:6s} written forwards {written:6.1f} s; one forward per window {forward:.1f} s + codec "
+                  f"{codec:.1f} s: ratio {ratio:.3f} (target <= 1.3: {'met' if ratio <= 1.3 else 'MISS'})")
 
 
 def decoding_costs() -> None:
