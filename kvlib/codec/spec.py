@@ -38,11 +38,15 @@ class Scheme:
     @property
     def spec(self) -> str:
         """Canonical spelling, identical to the CLI's."""
-        if self.method.startswith("q"):
+        if self.method == "none":
+            return "none"
+        if ":" in self.method:  # an engine's format (engine:format): rotated as the engine does unless /norot
+            s = self.method + ("/norot" if self.bits < 16 and not self.rotate else "")
+        elif self.method.startswith("q"):
             s = self.method
         else:
             s = f"{self.method}{self.bits}/g{self.group}" + ("/channel" if self.axis == "channel" else "")
-        if self.rotate:
+        if self.rotate and ":" not in self.method:
             s += "/rot"
         if self.outliers:
             s += f"/out{_num(self.outliers)}"

@@ -34,6 +34,7 @@ const (
 	outputFlag                          // -output, required, not the input
 	quantizeFlags                       // -scheme, -bits, -group-size, -sparsity, -lossless and the gates
 	runFlags                            // -workers and -verbose
+	engineFlag                          // -engine (schemes)
 )
 
 // commands are kv-compress's commands, in the order -h lists them.
@@ -51,7 +52,14 @@ var commands = []*command{
 			return compression.SchemeReport(name, c.cfg.Spec), nil
 		}},
 	{name: "schemes", short: "list the preset schemes",
-		flags: runFlags, run: func(string, *config, io.Writer) (any, error) {
+		flags: runFlags | engineFlag, run: func(_ string, c *config, _ io.Writer) (any, error) {
+			if c.engine != "" {
+				rows, err := compression.EngineReport(c.engine)
+				if err != nil {
+					return nil, usageError{err.Error()}
+				}
+				return rows, nil
+			}
 			return compression.PresetsReport(), nil
 		}},
 	{name: "gates", short: "print the quality levels and the default quality gates",

@@ -11,6 +11,7 @@
 //	kv-compress metrics    -input kv.safetensors [-scheme ...]
 //	kv-compress check      -scheme SPEC    (validate and print the canonical scheme)
 //	kv-compress schemes                    (list the presets)
+//	kv-compress schemes -engine llama.cpp  (an engine's KV-cache formats: llama.cpp:q4_0, ...)
 //	kv-compress gates                      (the quality levels and default gates)
 //	kv-compress serve                      (a long-lived codec: framed requests on stdin, see serve.go)
 //
@@ -114,6 +115,7 @@ type config struct {
 	input, output string
 	cfg           compression.Config
 	verbose       bool
+	engine        string    // schemes -engine: an engine's formats instead of the presets
 	start         time.Time // when the command began, flags included
 }
 
@@ -184,6 +186,10 @@ func parseFlags(cmd string, args []string, stderr io.Writer, groups flagGroup) (
 		fs.Float64Var(&th.MaxRMSE, "max-rmse", th.MaxRMSE, "quality gate: RMSE must be below this")
 		fs.Float64Var(&th.MinSNRDB, "min-snr", th.MinSNRDB, "quality gate: SNR in dB must be above this")
 		fs.Float64Var(&th.MinCosine, "min-cosine", th.MinCosine, "quality gate: cosine similarity must be above this")
+	}
+	if groups&engineFlag != 0 {
+		fs.StringVar(&c.engine, "engine", "", "list the KV-cache formats of an engine ("+strings.Join(compression.EngineNames(), ", ")+
+			", or all) with the release each follows and its evidence level, instead of the presets")
 	}
 	if groups&runFlags != 0 {
 		fs.IntVar(&c.cfg.Workers, "workers", 0, fmt.Sprintf("goroutines, 0 to %d (0: one per CPU)", compression.MaxWorkers))

@@ -47,6 +47,9 @@ type TensorInfo struct {
 	Scheme   Scheme            `json:"scheme"`
 	Outliers int               `json:"outliers"`           // how many elements are stored apart
 	Lossless []string          `json:"lossless,omitempty"` // parts coded by the lossless stage (".codes", ...)
+	// Rotation is the Hadamard size an engine format rotated the tensor by
+	// along head_dim (0: none), as the engine decided it for this cache.
+	Rotation int `json:"rotation,omitempty"`
 }
 
 // NumElements is the product of the shape.
@@ -123,7 +126,7 @@ func rawPartSize(ti TensorInfo, suffix string) (int, error) {
 	if err := ti.Scheme.Validate(); err != nil {
 		return 0, fmt.Errorf("scheme: %w", err)
 	}
-	l, err := newLayout(ti.Shape, ti.Scheme)
+	l, err := newLayout(ti.Shape, ti.Scheme, ti.DType, ti.Rotation)
 	if err != nil {
 		return 0, err
 	}
@@ -222,7 +225,7 @@ func checkStored(f *safetensors.File, ti TensorInfo) (*stored, error) {
 		}
 		n *= d
 	}
-	l, err := newLayout(ti.Shape, ti.Scheme)
+	l, err := newLayout(ti.Shape, ti.Scheme, ti.DType, ti.Rotation)
 	if err != nil {
 		return nil, err
 	}

@@ -23,8 +23,17 @@ import (
 // where x/d is x times the float32 reciprocal of d (0 when d = 0).
 type ggmlType struct {
 	bits      int
-	blockSize int // bytes per block of 32
+	blockSize int // bytes per block
 	hasMin    bool
+	elems     int // elements per block when not GGMLBlock (an engine's unblocked f16: 1)
+}
+
+// blockElems is the elements per block: GGMLBlock unless set.
+func (t *ggmlType) blockElems() int {
+	if t.elems > 0 {
+		return t.elems
+	}
+	return GGMLBlock
 }
 
 // ggmlInfo describes type m, from its entry in methods (ok false for
@@ -99,13 +108,22 @@ func QuantizeBlockGGML(m Method, x []float32, dst []byte) error {
 	return putBlock(m, dst, d, mn, &q)
 }
 
-// putBlock writes a block: d [, m] [, qh] and the codes.
+// putBlock writes a block: d [, m] [, qh] and the codes; a scale or
+// minimum beyond FP16 is an error.
 func putBlock(m Method, dst []byte, d, mn float32, q *[GGMLBlock]uint8) error {
 	dh := safetensors.Float32ToFP16(d)
 	mh := safetensors.Float32ToFP16(mn)
 	if dh&0x7c00 == 0x7c00 || mh&0x7c00 == 0x7c00 {
 		return fmt.Errorf("%w (%s block scale %g, minimum %g)", ErrScaleOverflow, m, d, mn)
 	}
+	writeBlock(m, dst, dh, mh, q)
+	return nil
+}
+
+// writeBlock writes a block of type m from its FP16 scale dh (and minimum
+// mh), whatever their values, and its codes (the low bits of each; q5
+// types' bit 4 into qh).
+func writeBlock(m Method, dst []byte, dh, mh uint16, q *[GGMLBlock]uint8) {
 	binary.LittleEndian.PutUint16(dst, dh)
 	off := 2
 	if m == Q4_1 || m == Q5_1 {
@@ -115,7 +133,7 @@ func putBlock(m Method, dst []byte, d, mn float32, q *[GGMLBlock]uint8) error {
 	switch m {
 	case Q8_0:
 		copy(dst[off:off+32], q[:])
-		return nil
+		return
 	case Q5_0, Q5_1:
 		binary.LittleEndian.PutUint32(dst[off:], highBits(q))
 		off += 4
@@ -127,7 +145,6 @@ func putBlock(m Method, dst []byte, d, mn float32, q *[GGMLBlock]uint8) error {
 		a, b := binary.LittleEndian.Uint64(q[j:]), binary.LittleEndian.Uint64(q[j+16:])
 		binary.LittleEndian.PutUint64(dst[off+j:], a&low|(b&low)<<4)
 	}
-	return nil
 }
 
 // highBits gathers bit 4 of each code: bit i of the result is q[i]'s.
@@ -168,25 +185,33 @@ func (j *tensorJob) decodeBlock(y []float32, _ []int8, gi int) error {
 // DequantizeBlockGGML decodes one block of type m from src into 32 values.
 // A non-finite scale or minimum is an error.
 func DequantizeBlockGGML(m Method, src []byte, dst []float32) error {
+	if m == Q4_1 || m == Q5_1 {
+		if binary.LittleEndian.Uint16(src[2:])&0x7c00 == 0x7c00 {
+			return fmt.Errorf("block minimum is not finite")
+		}
+	}
+	if binary.LittleEndian.Uint16(src)&0x7c00 == 0x7c00 {
+		return fmt.Errorf("block scale is not finite")
+	}
+	dequantBlock(m, src, dst)
+	return nil
+}
+
+// dequantBlock decodes one block of type m, whatever its scale and
+// minimum (a non-finite one gives the products IEEE arithmetic gives, as
+// ggml's dequantize_row_* does).
+func dequantBlock(m Method, src []byte, dst []float32) {
 	dst = dst[:GGMLBlock]
-	dh := binary.LittleEndian.Uint16(src)
-	d := safetensors.FP16ToFloat32(dh)
+	d := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src))
 	var mn float32
 	off := 2
 	if m == Q4_1 || m == Q5_1 {
-		mh := binary.LittleEndian.Uint16(src[2:])
-		if mh&0x7c00 == 0x7c00 {
-			return fmt.Errorf("block minimum is not finite")
-		}
-		mn = safetensors.FP16ToFloat32(mh)
+		mn = safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[2:]))
 		off = 4
-	}
-	if dh&0x7c00 == 0x7c00 {
-		return fmt.Errorf("block scale is not finite")
 	}
 	if m == Q8_0 { // dst[i] = float32(int8(code)) * d
 		dequantSym(dst, codesOf(src[off:off+GGMLBlock]), d)
-		return nil
+		return
 	}
 	var qh uint32
 	if m == Q5_0 || m == Q5_1 {
@@ -218,7 +243,6 @@ func DequantizeBlockGGML(m Method, src []byte, dst []float32) error {
 	default: // q4_1, q5_1: float32(d * float32(code)) + mn, the product rounded first
 		dequantAsym(dst, codesOf(q[:]), 0xff, d, mn)
 	}
-	return nil
 }
 
 // codesOf reads bytes as the signed codes the dequantizers take.

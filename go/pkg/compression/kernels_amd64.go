@@ -72,3 +72,6 @@ func lmCodes16AVX2(codes []int8, x []float32, t *[15]float32)
 
 //go:noescape
 func lmDequantAVX2(dst []float32, codes []int8, y *[16]float32)
+
+//go:noescape
+func rneCodes32AVX2(q []uint8, x []float32, id float32)

@@ -741,3 +741,26 @@ tr_next_rows:
 tr_done:
 	VZEROUPPER
 	RET
+
+// rneCode is the x86 build's q8_0 code of the 8 values at off(SI), into R,
+// with the instructions ggml uses (ggml-cpu/arch/x86/quants.c:333-353):
+// VMULPS by id, VROUNDPS to nearest even, VCVTPS2DQ (a NaN or a value
+// beyond int32 gives 0x80000000); the packs saturate to int8.
+#define rneCode(OFF, R) \
+	VMULPS    OFF(SI), Y9, R \
+	VROUNDPS  $0, R, R \
+	VCVTPS2DQ R, R
+
+// func rneCodes32AVX2(q []uint8, x []float32, id float32)
+TEXT ·rneCodes32AVX2(SB), NOSPLIT, $0-52
+	MOVQ         q_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	VBROADCASTSS id+48(FP), Y9
+	VMOVDQU      packorder<>(SB), Y5
+	rneCode(0, Y0)
+	rneCode(32, Y1)
+	rneCode(64, Y2)
+	rneCode(96, Y3)
+	packCodes32(VPACKSSWB)
+	VZEROUPPER
+	RET

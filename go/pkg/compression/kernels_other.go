@@ -33,3 +33,4 @@ func lmErr16AVX2([]float32, *[15]float32, *[16]float32, *[8]float32)           {
 func lmCodes8AVX2([]int8, []float32, *[15]float32)                             { noSIMD() }
 func lmCodes16AVX2([]int8, []float32, *[15]float32)                            { noSIMD() }
 func lmDequantAVX2([]float32, []int8, *[16]float32)                            { noSIMD() }
+func rneCodes32AVX2([]uint8, []float32, float32)                               { noSIMD() }

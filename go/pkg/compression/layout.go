@@ -3,6 +3,8 @@ package compression
 import (
 	"fmt"
 	"math"
+
+	"kvlib/pkg/safetensors"
 )
 
 // A layout maps a tensor's elements to its scheme's groups.
@@ -34,13 +36,23 @@ type layout struct {
 	groups            int
 	unitNat, unitQ    int // elements per unit: all, quantized
 	units, chunkUnits int
+	// rot is the Hadamard size along head_dim (0: none): head_dim for
+	// kvlib's /rot (QuaRot, RotateRows), the engine's size for an engine
+	// format (LlamaCppRotate, on runs of rot values).
+	rot      int
+	llamaRot bool
+	esz      int // bytes per source element (none stores them)
 }
 
 // chunkTarget is about how many elements one goroutine takes at a time.
 const chunkTarget = 1 << 14
 
-func newLayout(shape []int, s Scheme) (*layout, error) {
-	l := &layout{s: s, q: quantizerOf(s.Method), n: product(shape), fourD: len(shape) == 4}
+// newLayout lays out a tensor of the given shape and source dtype under
+// scheme s. rot is the Hadamard size an engine format rotates by, as
+// engineRotation decided it (or a file recorded it); 0 for every other
+// scheme, whose /rot is kvlib's own (the whole head_dim).
+func newLayout(shape []int, s Scheme, dt safetensors.DType, rot int) (*layout, error) {
+	l := &layout{s: s, q: quantizerOf(s.Method), n: product(shape), fourD: len(shape) == 4, esz: dt.Size()}
 	if l.q == nil {
 		return nil, fmt.Errorf("unknown method %q", s.Method)
 	}
@@ -51,8 +63,18 @@ func newLayout(shape []int, s Scheme) (*layout, error) {
 		l.b, l.h, l.t, l.d = shape[0], shape[1], shape[2], shape[3]
 		l.tq = l.t - min(s.Residual, l.t)
 	}
-	if s.Rotate && !isPow2(l.d) {
+	switch {
+	case l.q.engine != nil:
+		if rot != 0 && (!s.Rotate || !l.fourD || rot < 64 || !isPow2(rot) || l.d%rot != 0) {
+			return nil, fmt.Errorf("rotation %d does not fit scheme %s and shape %v", rot, s, shape)
+		}
+		l.rot, l.llamaRot = rot, true
+	case rot != 0:
+		return nil, fmt.Errorf("rotation %d recorded for scheme %s, which has no engine rotation", rot, s)
+	case s.Rotate && !isPow2(l.d):
 		return nil, fmt.Errorf("rotation needs a power-of-two head_dim, shape is %v", shape)
+	case s.Rotate:
+		l.rot = l.d
 	}
 	if s.Outliers > 0 && l.n > math.MaxUint32 {
 		return nil, fmt.Errorf("outliers need at most 2^32 elements, tensor has %d", l.n)
@@ -61,7 +83,7 @@ func newLayout(shape []int, s Scheme) (*layout, error) {
 	switch {
 	case l.slab:
 		l.unitNat, l.unitQ, l.units = l.t*l.d, l.tq*l.d, l.b*l.h
-	case s.Rotate:
+	case l.rot > 0:
 		l.unitNat, l.unitQ, l.units = l.d, l.d, l.n/max(l.d, 1)
 	default:
 		l.unitNat, l.unitQ, l.units = 1, 1, l.n
@@ -70,8 +92,12 @@ func newLayout(shape []int, s Scheme) (*layout, error) {
 		l.units = 0
 	}
 	l.nq = l.unitQ * l.units
-	if !l.q.packed() && l.nq%GGMLBlock != 0 {
-		return nil, fmt.Errorf("%s needs a multiple of %d quantized elements, tensor has %d", s.Method, GGMLBlock, l.nq)
+	if !l.q.packed() && l.nq%l.q.block.blockElems() != 0 {
+		return nil, fmt.Errorf("%s needs a multiple of %d quantized elements, tensor has %d", s.Method, l.q.block.blockElems(), l.nq)
+	}
+	group := s.Group
+	if l.q.identity {
+		group = 1 // none has no groups; its chunks align like single elements
 	}
 	switch {
 	case l.nq == 0:
@@ -81,14 +107,14 @@ func newLayout(shape []int, s Scheme) (*layout, error) {
 		l.rowLen, l.rows = l.nq, 1
 	}
 	if l.rowLen > 0 {
-		l.gpr = (l.rowLen-1)/s.Group + 1
+		l.gpr = (l.rowLen-1)/group + 1
 		l.groups = l.rows * l.gpr
 	}
 	// Chunk alignment: the first code on a byte (8 codes), and along the
 	// token axis on a group.
 	align := 8
 	if s.Axis == Token {
-		align = lcm(align, s.Group)
+		align = lcm(align, group)
 	}
 	k0 := 1
 	if l.unitQ > 0 {
@@ -135,10 +161,23 @@ func (l *layout) chunk(c int) (u0, u1, nlo, nhi, qlo, qhi int) {
 
 // codeBytes is the size of the stored codes (packed, or ggml blocks).
 func (l *layout) codeBytes() int {
-	if !l.q.packed() {
-		return l.nq / GGMLBlock * l.q.block.blockSize
+	switch {
+	case l.q.identity:
+		return l.nq * l.esz
+	case !l.q.packed():
+		return l.nq / l.q.block.blockElems() * l.q.block.blockSize
 	}
 	return PackedLen(l.nq, l.s.Bits)
+}
+
+// rotate applies the layout's rotation to whole head_dim rows x (its own
+// inverse): kvlib's QuaRot transform, or the engine's kernel.
+func (l *layout) rotate(x []float32) {
+	if l.llamaRot {
+		LlamaCppRotate(x, l.rot)
+		return
+	}
+	RotateRows(x, l.d)
 }
 
 // residualElems is how many elements are kept exact.

@@ -38,6 +38,18 @@ type quantizer struct {
 	// whole block into the job's codes. decode is the inverse, into y.
 	encode func(j *tensorJob, x []float32, q []int8, gi int) error
 	decode func(j *tensorJob, y []float32, q []int8, gi int) error
+
+	// engine is set for an engine's cache format (engine.go): a method
+	// looked up beside this table, whose stored form is the engine's own
+	// bytes and which the engine's switches (rotation) alone configure.
+	engine *engineFormat
+	// identity is set for none, which stores its tensor unchanged.
+	identity bool
+	// encodeAll and decodeAll, when set, replace encode and decode with
+	// one call on a whole chunk, quantized elements [qlo, qhi) (x and y
+	// hold those), for methods without groups (f16, none).
+	encodeAll func(j *tensorJob, x []float32, qlo, qhi int)
+	decodeAll func(j *tensorJob, y []float32, qlo, qhi int)
 }
 
 // methods is the table of quantizers, in the order error messages list them.
@@ -46,18 +58,24 @@ var methods = []quantizer{
 	{method: SymF, minBits: MinBits, maxBits: MaxBits, encode: (*tensorJob).encodeSymF, decode: (*tensorJob).decodeSym},
 	{method: Asym, minBits: MinBits, maxBits: MaxBits, zeros: true, encode: (*tensorJob).encodeAsym, decode: (*tensorJob).decodeAsym},
 	{method: LM, minBits: MinLMBits, maxBits: MaxLMBits, encode: (*tensorJob).encodeLM, decode: (*tensorJob).decodeLM},
-	{method: Q4_0, minBits: 4, maxBits: 4, block: &ggmlType{4, 18, false}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
-	{method: Q4_1, minBits: 4, maxBits: 4, block: &ggmlType{4, 20, true}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
-	{method: Q5_0, minBits: 5, maxBits: 5, block: &ggmlType{5, 22, false}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
-	{method: Q5_1, minBits: 5, maxBits: 5, block: &ggmlType{5, 24, true}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
-	{method: Q8_0, minBits: 8, maxBits: 8, block: &ggmlType{8, 34, false}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
+	{method: Q4_0, minBits: 4, maxBits: 4, block: &ggmlType{bits: 4, blockSize: 18}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
+	{method: Q4_1, minBits: 4, maxBits: 4, block: &ggmlType{bits: 4, blockSize: 20, hasMin: true}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
+	{method: Q5_0, minBits: 5, maxBits: 5, block: &ggmlType{bits: 5, blockSize: 22}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
+	{method: Q5_1, minBits: 5, maxBits: 5, block: &ggmlType{bits: 5, blockSize: 24, hasMin: true}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
+	{method: Q8_0, minBits: 8, maxBits: 8, block: &ggmlType{bits: 8, blockSize: 34}, encode: (*tensorJob).encodeBlock, decode: (*tensorJob).decodeBlock},
 }
 
-// quantizerOf returns m's entry in methods, or nil for an unknown method.
+// quantizerOf returns m's entry in methods, or in engineMethods (the
+// engines' formats and none), or nil for an unknown method.
 func quantizerOf(m Method) *quantizer {
 	for i := range methods {
 		if methods[i].method == m {
 			return &methods[i]
+		}
+	}
+	for i := range engineMethods {
+		if engineMethods[i].method == m {
+			return &engineMethods[i]
 		}
 	}
 	return nil

@@ -73,12 +73,22 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 	workers := cfg.workers()
 	jobs := make([]*tensorJob, len(src.Tensors))
 	var tasks []task
+	shapes := make([][]int, len(src.Tensors))
+	for i := range src.Tensors {
+		shapes[i] = src.Tensors[i].Shape
+	}
+	hd := cacheHeadDims(names, shapes)
 	for i := range src.Tensors {
 		t := &src.Tensors[i]
 		if !t.DType.IsFloat() {
 			return nil, tensorErrorf(t.Name, "dtype %s is not F32, F16 or BF16", t.DType)
 		}
-		j, err := newEncodeJob(t, cfg.Spec.For(t.Name), restore)
+		sc := cfg.Spec.For(t.Name)
+		rot, err := engineRotation(sc, roleOf(t.Name), t.Shape, hd)
+		if err != nil {
+			return nil, &TensorError{Tensor: t.Name, Err: err}
+		}
+		j, err := newEncodeJob(t, sc, rot, restore)
 		if err != nil {
 			return nil, &TensorError{Tensor: t.Name, Err: err}
 		}
@@ -143,7 +153,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		}
 		total.Merge(&acc)
 		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s,
-			Outliers: len(j.out.index), Lossless: coded[i]})
+			Outliers: len(j.out.index), Lossless: coded[i], Rotation: j.l.rotSizeRecorded()})
 		enc := final[i]
 		out.Tensors = append(out.Tensors, enc...)
 		if restore {
@@ -214,13 +224,19 @@ type tensorJob struct {
 	residual []byte // the kept tokens, source dtype
 	restored []byte
 	accs     [][]headAcc // per chunk
+	// rotation is what an engine format's rotation did to the tensor
+	// (nil for kvlib's own schemes); nonFinite counts, per chunk, the
+	// reconstruction's NaNs and Infs, which only an engine format makes
+	// (from a value or scale past its range, as the engine does).
+	rotation  *RotationInfo
+	nonFinite []int
 }
 
 // MaxReportedHeads bounds the per-head statistics of one tensor.
 const MaxReportedHeads = 4096
 
-func newJob(name string, dt safetensors.DType, shape []int, s Scheme, restore bool) (*tensorJob, error) {
-	l, err := newLayout(shape, s)
+func newJob(name string, dt safetensors.DType, shape []int, s Scheme, rot int, restore bool) (*tensorJob, error) {
+	l, err := newLayout(shape, s, dt, rot)
 	if err != nil {
 		return nil, err
 	}
@@ -231,11 +247,16 @@ func newJob(name string, dt safetensors.DType, shape []int, s Scheme, restore bo
 	return j, nil
 }
 
-func newEncodeJob(t *safetensors.Tensor, s Scheme, restore bool) (*tensorJob, error) {
-	j, err := newJob(t.Name, t.DType, t.Shape, s, restore)
+func newEncodeJob(t *safetensors.Tensor, s Scheme, rot *RotationInfo, restore bool) (*tensorJob, error) {
+	size := 0
+	if rot != nil {
+		size = rot.Size
+	}
+	j, err := newJob(t.Name, t.DType, t.Shape, s, size, restore)
 	if err != nil {
 		return nil, err
 	}
+	j.rotation = rot
 	j.src = t.Data
 	j.codes = make([]byte, j.l.codeBytes())
 	if j.l.q.packed() {
@@ -246,6 +267,9 @@ func newEncodeJob(t *safetensors.Tensor, s Scheme, restore bool) (*tensorJob, er
 	}
 	j.residual = make([]byte, j.l.residualElems()*t.DType.Size())
 	j.accs = make([][]headAcc, j.l.numChunks())
+	if j.l.q.engine != nil {
+		j.nonFinite = make([]int, j.l.numChunks())
+	}
 	return j, nil
 }
 
@@ -321,22 +345,37 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	}
 	notFinite := func() error { // the first NaN or Inf of the chunk, by its natural index
 		i := firstNonFinite(x)
+		if i < 0 { // a stage made it (sparsity and outliers keep finite values finite): a bug
+			return tensorErrorf(j.name, "a stage made a NaN or Inf of finite input (%w)", ErrNotFinite)
+		}
 		return tensorErrorf(j.name, "element %d is %v (%w)", nlo+i, x[i], ErrNotFinite)
 	}
 	src := x
 	if j.pre != nil {
 		src = j.pre[nlo:nhi]
 	}
+	// A NaN or Inf in the cache is refused. f16 and none check here; the
+	// engines' block types report it per block, unless the engine's
+	// rotation runs first, whose sums may overflow to Inf from finite
+	// values: the engine stores what its quantizer makes of them, and so
+	// does kv-compress (the report counts the reconstruction's NaN and Inf).
+	if (l.q.encodeAll != nil || l.q.engine != nil && l.rot > 0) && firstNonFinite(x) >= 0 {
+		return nil, notFinite()
+	}
 	xq := src
-	if l.slab || l.s.Rotate {
+	if l.slab || l.rot > 0 {
 		xq = s.a[:qhi-qlo]
 		l.gather(xq, src, u0, u1)
 	}
-	if l.s.Rotate {
-		RotateRows(xq, l.d)
+	if l.rot > 0 {
+		l.rotate(xq)
 	}
 	xp := l.toQOrder(s.b, xq)
 	q := s.q[:qhi-qlo]
+	if l.q.encodeAll != nil {
+		l.q.encodeAll(j, xp, qlo, qhi)
+		return x, nil
+	}
 	encode := l.q.encode
 	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
 		err := encode(j, xp[gs:ge], q[gs:ge], gi)
@@ -397,19 +436,23 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	if l.q.packed() && !inScratch {
 		Unpack(q, j.codes[qlo*l.s.Bits/8:PackedLen(qhi, l.s.Bits)], l.s.Bits)
 	}
-	decode := l.q.decode
-	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
-		if err := decode(j, yp[gs:ge], q[gs:ge], gi); err != nil {
-			return &TensorError{Tensor: j.name, Err: &GroupError{Group: gi, Err: err}}
+	if l.q.decodeAll != nil {
+		l.q.decodeAll(j, yp, qlo, qhi)
+	} else {
+		decode := l.q.decode
+		err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
+			if err := decode(j, yp[gs:ge], q[gs:ge], gi); err != nil {
+				return &TensorError{Tensor: j.name, Err: &GroupError{Group: gi, Err: err}}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
 	}
 	yq := l.fromQOrder(yqBuf, yp)
-	if l.s.Rotate {
-		RotateRows(yq, l.d)
+	if l.rot > 0 {
+		l.rotate(yq)
 	}
 	y := yq
 	if l.slab {
@@ -422,11 +465,12 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 		}
 	}
 	j.out.restore(y, nlo, nhi)
+	keepInf := l.q.engine != nil // an engine's own Inf (an f16 overflow, an Inf scale) stays
 	switch {
 	case j.dtype != safetensors.F32 && j.restored != nil:
-		roundToDType(y, j.dtype, j.restored[nlo*esz:nhi*esz]) // written once, in place
+		roundToDTypeInf(y, j.dtype, j.restored[nlo*esz:nhi*esz], keepInf) // written once, in place
 	case j.dtype != safetensors.F32:
-		roundToDType(y, j.dtype, s.half(len(y)*esz))
+		roundToDTypeInf(y, j.dtype, s.half(len(y)*esz), keepInf)
 	case j.restored != nil && !direct:
 		safetensors.EncodeFloat32s(j.restored[nlo*esz:nhi*esz], y, j.dtype)
 	}
@@ -439,6 +483,21 @@ func (j *tensorJob) measureChunk(c int, x, y []float32) {
 	l := j.l
 	_, _, nlo, nhi, _, _ := l.chunk(c)
 	x = x[:nhi-nlo]
+	defer func() { // only a chunk whose error sums are not finite has an Inf or NaN to count
+		if j.nonFinite == nil {
+			return
+		}
+		for _, ha := range j.accs[c] {
+			if e := ha.acc.SumE2 + ha.acc.MaxError; math.IsNaN(e) || math.IsInf(e, 0) {
+				for _, v := range y[:nhi-nlo] {
+					if math.Float32bits(v)&0x7f800000 == 0x7f800000 {
+						j.nonFinite[c]++
+					}
+				}
+				return
+			}
+		}
+	}()
 	if !l.fourD || l.h > MaxReportedHeads {
 		var a Accumulator
 		a.Add(x, y)
@@ -547,14 +606,24 @@ func call(fn func(worker, i int) error, w, i int) (err error) {
 // becomes Inf), and reads it back into y, so metrics measure the
 // reconstruction exactly as it is written. buf holds 2*len(y) bytes: the
 // restored tensor's own bytes, or scratch when nothing is restored.
-func roundToDType(y []float32, dt safetensors.DType, buf []byte) {
+func roundToDType(y []float32, dt safetensors.DType, buf []byte) { roundToDTypeInf(y, dt, buf, false) }
+
+// roundToDTypeInf is roundToDType where, with keepInf, an infinite value
+// stays infinite (an engine format's own Inf, which the engine's attention
+// would see); finite values still saturate.
+func roundToDTypeInf(y []float32, dt safetensors.DType, buf []byte, keepInf bool) {
+	lim := float32(65504)
 	switch dt {
 	case safetensors.F16:
-		clampAbs(y, 65504)
 	case safetensors.BF16:
-		clampAbs(y, 0x1.fep127) // BF16's largest finite value
+		lim = 0x1.fep127 // BF16's largest finite value
 	default:
 		return
+	}
+	if keepInf {
+		clampFinite(y, lim)
+	} else {
+		clampAbs(y, lim)
 	}
 	safetensors.EncodeFloat32s(buf, y, dt)
 	safetensors.DecodeFloat32s(y, buf, dt)
@@ -576,7 +645,7 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 	var tasks []task
 	for i, ti := range hdr.Tensors {
 		st := parts[i]
-		j, err := newJob(ti.Name, ti.DType, ti.Shape, ti.Scheme, true)
+		j, err := newJob(ti.Name, ti.DType, ti.Shape, ti.Scheme, ti.Rotation, true)
 		if err != nil {
 			return nil, nil, &TensorError{Tensor: ti.Name, Err: err}
 		}
@@ -616,4 +685,27 @@ func u16s(b []byte) []uint16 {
 		v[i] = binary.LittleEndian.Uint16(b[2*i:])
 	}
 	return v
+}
+
+// clampFinite limits the finite values of x to [-lim, lim] in place,
+// leaving Inf and NaN as they are.
+func clampFinite(x []float32, lim float32) {
+	for i, v := range x {
+		switch {
+		case v > lim && v <= math.MaxFloat32:
+			x[i] = lim
+		case v < -lim && v >= -math.MaxFloat32:
+			x[i] = -lim
+		}
+	}
+}
+
+// rotSizeRecorded is the rotation a file records for the tensor: an
+// engine format's Hadamard size (0 for none, and for kvlib's /rot, which
+// the scheme alone determines).
+func (l *layout) rotSizeRecorded() int {
+	if l.llamaRot {
+		return l.rot
+	}
+	return 0
 }

@@ -1,6 +1,7 @@
 package compression
 
 import (
+	"encoding/json"
 	"math"
 	"strings"
 
@@ -81,6 +82,14 @@ type TensorReport struct {
 	HeadSNRDB      []Float `json:"head_snr_db"`
 	Sums           Sums    `json:"sums"`
 	HeadSums       []Sums  `json:"head_sums"`
+	// An engine format's own facts about the tensor (absent for kvlib's
+	// schemes): what the engine's rotation did ("on (Hadamard 64 along
+	// head_dim 128)", "off (head_dim 96 is not a multiple of 64)"), its
+	// Hadamard size (0: none), and how many reconstructed values are NaN
+	// or Inf (the engine's result for a value or scale past the format).
+	Rotation     string `json:"rotation,omitempty"`
+	RotationSize int    `json:"rotation_size,omitempty"`
+	NonFinite    int    `json:"non_finite,omitempty"`
 }
 
 // LosslessSizes is the stored size without the lossless stage, against
@@ -117,6 +126,26 @@ type Sums struct {
 	SumXY    float64 `json:"sum_xy"`
 	SumE2    float64 `json:"sum_e2"`
 	MaxError float64 `json:"max_error"`
+}
+
+// MarshalJSON writes the sums as encoding/json does, except that a
+// non-finite sum (an engine format's Inf reconstruction) is null, which
+// encoding/json cannot otherwise write.
+func (s Sums) MarshalJSON() ([]byte, error) {
+	type plain Sums
+	for _, v := range []float64{s.SumX2, s.SumY2, s.SumXY, s.SumE2, s.MaxError} {
+		if math.IsInf(v, 0) || math.IsNaN(v) {
+			return json.Marshal(struct {
+				N        int64 `json:"n"`
+				SumX2    Float `json:"sum_x2"`
+				SumY2    Float `json:"sum_y2"`
+				SumXY    Float `json:"sum_xy"`
+				SumE2    Float `json:"sum_e2"`
+				MaxError Float `json:"max_error"`
+			}{s.N, Float(s.SumX2), Float(s.SumY2), Float(s.SumXY), Float(s.SumE2), Float(s.MaxError)})
+		}
+	}
+	return json.Marshal(plain(s))
 }
 
 func sumsOf(a *Accumulator) Sums {
@@ -174,6 +203,12 @@ func (r *Report) addTensor(j *tensorJob, acc *Accumulator, heads []Accumulator, 
 	}
 	if acc.N > 0 {
 		tr.BitsPerElement = 8 * float64(size) / float64(acc.N)
+	}
+	if j.rotation != nil {
+		tr.Rotation, tr.RotationSize = j.rotation.Why, j.rotation.Size
+	}
+	for _, n := range j.nonFinite {
+		tr.NonFinite += n
 	}
 	for h := range heads {
 		tr.HeadSums = append(tr.HeadSums, sumsOf(&heads[h]))
@@ -259,8 +294,11 @@ type SchemeInfo struct {
 // per-group parameters, before outliers and residual tokens.
 func (s Scheme) NominalBits() float64 {
 	q := quantizerOf(s.Method)
+	if q != nil && q.identity {
+		return 16 // nominal: a 16-bit cache (F32 sources store 32)
+	}
 	if q != nil && !q.packed() {
-		return float64(8*q.block.blockSize) / GGMLBlock
+		return float64(8*q.block.blockSize) / float64(q.block.blockElems())
 	}
 	params := 16.0 // the FP16 scale
 	if q != nil && q.zeros {

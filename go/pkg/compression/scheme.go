@@ -45,7 +45,14 @@ type Scheme struct {
 func (s Scheme) Validate() error {
 	switch q := quantizerOf(s.Method); {
 	case q == nil:
-		return fmt.Errorf("unknown method %q (want %s)", s.Method, methodNames())
+		return fmt.Errorf("unknown method %q (want %s, none, or an engine's format such as llama.cpp:q4_0)", s.Method, methodNames())
+	case q.identity:
+		if s != noneScheme() {
+			return fmt.Errorf("none stores the tensor unchanged: it takes no bits, group, axis or option, got %+v", s)
+		}
+		return nil
+	case q.engine != nil:
+		return s.validateEngine(q.engine)
 	case q.packed():
 		if s.Bits < q.minBits || s.Bits > q.maxBits {
 			return fmt.Errorf("bits %d out of range [%d, %d] for %s", s.Bits, q.minBits, q.maxBits, s.Method)
@@ -80,6 +87,12 @@ func (s Scheme) needs4D() bool { return s.Axis == Channel || s.Rotate || s.Resid
 
 // String is the scheme's canonical spelling in the spec grammar.
 func (s Scheme) String() string {
+	if q := quantizerOf(s.Method); q != nil && q.engine != nil {
+		return s.engineString(q.engine)
+	}
+	if s.Method == None {
+		return string(None)
+	}
 	var b strings.Builder
 	if s.Method.IsGGML() {
 		b.WriteString(string(s.Method))
@@ -262,9 +275,13 @@ func DefaultSpec() Spec { return presetByName[DefaultPreset] }
 //	layers = ( "k" | "v" | "kv" ) N [ "-" M ]
 //	scheme = preset | base { "/" option }
 //	base   = ("sym" | "symf" | "asym" | "lm") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
-//	option = "g" N | "token" | "channel" | "rot" | "out" P | "res" N | "sp" P
+//	       | "none" | engine ":" format
+//	option = "g" N | "token" | "channel" | "rot" | "norot" | "out" P | "res" N | "sp" P
 //
-// (a preset inside k= or v= gives that role's scheme, and may take options),
+// (a preset inside k= or v= gives that role's scheme, and may take options;
+// engine ":" format is an engine's cache format as the engine names it,
+// llama.cpp:q4_0, with the engine's defaults: engine.go; none stores a
+// tensor unchanged: identity.go),
 // or the JSON form {"key": {...}, "value": {...}, "layers": [...]} that
 // Spec marshals to, where a field left out takes the grammar's default
 // (specjson.go). The overrides (layers.go) replace a role's scheme in
@@ -379,10 +396,18 @@ func parseScheme(text string, r role) (Scheme, error) {
 			return Scheme{}, fmt.Errorf("bits %q: %v", digits, err)
 		}
 		s = Scheme{Method: m, Bits: bits, Group: 64, Axis: Token}
+	} else if strings.Contains(base, ":") {
+		var err error
+		if s, err = parseEngineBase(base); err != nil {
+			return Scheme{}, err
+		}
+	} else if base == string(None) {
+		s = noneScheme()
 	} else if Method(base).IsGGML() {
 		s = ggmlScheme(Method(base))
 	} else {
-		return Scheme{}, fmt.Errorf("unknown scheme %q (presets: %s; or %s)", base, strings.Join(PresetNames(), ", "), baseNames())
+		return Scheme{}, fmt.Errorf("unknown scheme %q (presets: %s; or %s; none; or ENGINE:FORMAT such as llama.cpp:q4_0)",
+			base, strings.Join(PresetNames(), ", "), baseNames())
 	}
 	for _, opt := range parts[1:] {
 		if err := s.setOption(opt); err != nil {
@@ -413,6 +438,8 @@ func (s *Scheme) setOption(opt string) error {
 		s.Axis = Axis(opt)
 	case opt == "rot":
 		s.Rotate = true
+	case opt == "norot": // the negation, for the engine formats that rotate by default
+		s.Rotate = false
 	case strings.HasPrefix(opt, "g"):
 		s.Group, err = integer("g")
 	case strings.HasPrefix(opt, "out"):
@@ -422,7 +449,7 @@ func (s *Scheme) setOption(opt string) error {
 	case strings.HasPrefix(opt, "sp"):
 		s.Sparsity, err = num("sp")
 	default:
-		return fmt.Errorf("unknown option %q (want gN, token, channel, rot, outP, resN, spP)", opt)
+		return fmt.Errorf("unknown option %q (want gN, token, channel, rot, norot, outP, resN, spP)", opt)
 	}
 	return err
 }

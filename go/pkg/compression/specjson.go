@@ -17,8 +17,9 @@ import (
 // with SCHEME an object of Scheme's fields. Any field may be left out (or
 // be null) and takes the string grammar's default: a missing role is the
 // default preset's scheme (sym4/g64); in a scheme, method sym, bits 4 and
-// group 64 (a ggml block type's own width and its block of 32), axis token,
-// no rotation, outliers, residual or sparsity. So {"key": {"method": "asym",
+// group 64 (a ggml block type's own width and its block of 32; an engine
+// format's own width, block and rotation), axis token, no rotation,
+// outliers, residual or sparsity. So {"key": {"method": "asym",
 // "axis": "channel"}} is k=asym4/g64/channel,v=sym4/g64. An override needs
 // its layer, role and scheme. Names match exactly; an unknown field, or a
 // value of the wrong type, is an error naming the field by its path
@@ -64,6 +65,12 @@ func parseJSONSpec(text string) (Spec, error) {
 // option: bits 4 and groups of 64 along the token axis, or a ggml block
 // type's own width and block.
 func defaultScheme(m Method) Scheme {
+	if q := quantizerOf(m); q != nil && q.engine != nil {
+		return engineScheme(q.engine)
+	}
+	if m == None {
+		return noneScheme()
+	}
 	if m.IsGGML() {
 		return ggmlScheme(m)
 	}
@@ -92,6 +99,9 @@ func decodeScheme(raw json.RawMessage, path string) (Scheme, error) {
 	}
 	if !given["axis"] {
 		s.Axis = def.Axis
+	}
+	if !given["rotate"] { // an engine's default (llama.cpp's quantized types rotate)
+		s.Rotate = def.Rotate
 	}
 	return s, nil
 }

@@ -1,0 +1,265 @@
+package compression
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Engine-qualified schemes: the KV-cache formats serving engines ship,
+// named as the engine spells them and qualified by the engine,
+// "engine:format[/option]" (llama.cpp:q4_0, llama.cpp:q8_0/norot). Each
+// is bit-exact to the engine's own arithmetic at a pinned release, which
+// the format's Go doc comment cites by file and line. They are methods of
+// their own, looked up beside the methods table (quantizerOf), and take
+// no option of kvlib's stages: only the engine's switches (for llama.cpp,
+// its default Hadamard rotation, which /norot turns off).
+
+// An engine is one serving engine whose cache formats kvlib reproduces.
+type engine struct {
+	name    string // as the spec names it: "llama.cpp"
+	version string // the release the arithmetic follows
+	flag    string // how a user picks a format, with %s for the format (and %s again)
+	formats []*engineFormat
+}
+
+// An engineFormat is one of an engine's cache formats.
+type engineFormat struct {
+	engine   *engine
+	name     string // as the engine's flag spells it
+	bits     int    // code width (f16: 16)
+	elems    int    // elements per block: 32, or 1 for an unblocked type
+	bytes    int    // bytes per block
+	rotates  bool   // the engine rotates it by default (a quantized llama.cpp type)
+	evidence string // "executed" or "read" (see evidenceOf)
+	source   string // where its arithmetic is, for kv-compress schemes
+	// quantize writes one block of x (elems values) into dst (bytes
+	// bytes), and reports whether x held a NaN or an Inf; dequantize is
+	// the engine's read of it. Both are total: a NaN, an Inf or an
+	// overflowing scale gives what the engine computes.
+	quantize   func(x []float32, dst []byte) (nonFinite bool)
+	dequantize func(src []byte, dst []float32)
+	// encodeAll and decodeAll, for an unblocked type, convert a whole
+	// chunk at once (quantizer.encodeAll); nil for block types.
+	encodeAll func(j *tensorJob, x []float32, qlo, qhi int)
+	decodeAll func(j *tensorJob, y []float32, qlo, qhi int)
+}
+
+// method is the format's Method, the qualified name.
+func (f *engineFormat) method() Method { return Method(f.engine.name + ":" + f.name) }
+
+// Evidence levels of an engine format (kv-compress schemes -engine).
+const (
+	// EvidenceExecuted: the engine's own code ran on the same bytes in a
+	// test of this repository and agreed bit for bit.
+	EvidenceExecuted = "executed"
+	// EvidenceRead: implemented from the engine's source, file and line
+	// cited, with no run of the engine's code to compare with.
+	EvidenceRead = "read"
+)
+
+// engines lists the engines, in the order kv-compress schemes shows them.
+var engines = []*engine{llamaCpp}
+
+// engineMethods are the quantizers of every engine format, and the
+// identity scheme none, looked up by quantizerOf after methods.
+var engineMethods = buildEngineMethods()
+
+func buildEngineMethods() []quantizer {
+	qs := []quantizer{noneQuantizer}
+	for _, e := range engines {
+		for _, f := range e.formats {
+			f.engine = e
+			q := quantizer{method: f.method(), minBits: f.bits, maxBits: f.bits,
+				block: &ggmlType{bits: f.bits, blockSize: f.bytes, elems: f.elems}, engine: f,
+				encode: (*tensorJob).encodeEngine, decode: (*tensorJob).decodeEngine}
+			q.encodeAll, q.decodeAll = f.encodeAll, f.decodeAll
+			qs = append(qs, q)
+		}
+	}
+	return qs
+}
+
+// engineNames lists the engines for an error message.
+func engineNames() string {
+	names := make([]string, len(engines))
+	for i, e := range engines {
+		names[i] = e.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// parseEngineBase reads "engine:format" into the format's scheme, with
+// the engine's defaults (llama.cpp's quantized types: rotation on).
+func parseEngineBase(base string) (Scheme, error) {
+	name, format, _ := strings.Cut(base, ":")
+	i := slices.IndexFunc(engines, func(e *engine) bool { return e.name == name })
+	if i < 0 {
+		return Scheme{}, fmt.Errorf("unknown engine %q in %q (engines: %s)", name, base, engineNames())
+	}
+	e := engines[i]
+	for _, f := range e.formats {
+		if f.name == format {
+			return engineScheme(f), nil
+		}
+	}
+	menu := make([]string, len(e.formats))
+	for k, f := range e.formats {
+		menu[k] = f.name
+	}
+	return Scheme{}, fmt.Errorf("%s has no KV-cache format %q (its formats: %s)", e.name, format, strings.Join(menu, ", "))
+}
+
+// engineScheme is format f's scheme with the engine's defaults.
+func engineScheme(f *engineFormat) Scheme {
+	return Scheme{Method: f.method(), Bits: f.bits, Group: f.elems, Axis: Token, Rotate: f.rotates}
+}
+
+// validateEngine checks a scheme of an engine format: its width and
+// block are the format's, and only the engine's own switch is set.
+func (s Scheme) validateEngine(f *engineFormat) error {
+	switch {
+	case s.Bits != f.bits || s.Group != f.elems || s.Axis != Token:
+		return fmt.Errorf("%s is the engine's %d-bit format in blocks of %d along head_dim, got bits %d group %d axis %s",
+			s.Method, f.bits, f.elems, s.Bits, s.Group, s.Axis)
+	case s.Outliers != 0 || s.Residual != 0 || s.Sparsity != 0:
+		return fmt.Errorf("%s is the engine's format as it ships: it takes no outliers, residual or sparsity", s.Method)
+	case s.Rotate && !f.rotates:
+		return fmt.Errorf("%s is never rotated by the engine (its rotation is for quantized cache types)", s.Method)
+	}
+	return nil
+}
+
+// engineString is an engine scheme's canonical spelling: the name, and
+// /norot where the engine would rotate and the scheme does not.
+func (s Scheme) engineString(f *engineFormat) string {
+	if f.rotates && !s.Rotate {
+		return string(s.Method) + "/norot"
+	}
+	return string(s.Method)
+}
+
+// RotationInfo says what the engine's rotation does to one tensor: the
+// Hadamard size along head_dim (0: none) and, for the report, why.
+type RotationInfo struct {
+	Size int
+	Why  string
+}
+
+// headDims is the head_dim of every 4-D tensor of a cache, by role: the
+// engine rotates a role only when all its layers share one head size.
+type headDims map[Role][]int
+
+// cacheHeadDims gathers the head sizes of the tensors of a cache.
+func cacheHeadDims(names []string, shapes [][]int) headDims {
+	hd := headDims{}
+	for i, name := range names {
+		if len(shapes[i]) != 4 {
+			continue
+		}
+		r := roleOf(name)
+		if !slices.Contains(hd[r], shapes[i][3]) {
+			hd[r] = append(hd[r], shapes[i][3])
+		}
+	}
+	return hd
+}
+
+// roleOf is the role whose scheme a tensor takes: keys are the tensors
+// named layer_{i}_key, values every other one.
+func roleOf(name string) Role {
+	if _, r, ok := slotOf(name); ok {
+		return r
+	}
+	return ValueRole
+}
+
+// engineRotation decides the engine's rotation of a tensor of the given
+// shape and role under scheme s (an engine format's): nil for a scheme of
+// kvlib's own. For llama.cpp, src/llama-kv-cache.cpp:315-336: on for a
+// quantized type unless LLAMA_ATTN_ROT_DISABLE (kvlib's /norot), when
+// every layer has one head size (194-206) and head_dim % 64 == 0; of the
+// largest power of two >= 64 dividing head_dim for K (1447-1466), of 64
+// for V (1468-1487). A head_dim the engine refuses for the format at all
+// is an error.
+func engineRotation(s Scheme, r Role, shape []int, hd headDims) (*RotationInfo, error) {
+	q := quantizerOf(s.Method)
+	if q == nil || q.engine == nil || q.engine.engine != llamaCpp {
+		return nil, nil
+	}
+	f := q.engine
+	if len(shape) == 4 && f.elems > 1 && shape[3]%f.elems != 0 {
+		return nil, fmt.Errorf("llama.cpp refuses %s for head_dim %d: its blocks of %d must divide head_dim (src/llama-context.cpp:3851-3871)",
+			f.name, shape[3], f.elems)
+	}
+	switch {
+	case !f.rotates:
+		return &RotationInfo{Why: fmt.Sprintf("off (%s is not a quantized type; llama.cpp rotates only those)", f.name)}, nil
+	case !s.Rotate:
+		return &RotationInfo{Why: "off (/norot, as LLAMA_ATTN_ROT_DISABLE=1)"}, nil
+	case len(shape) != 4:
+		return nil, fmt.Errorf("%s rotates along head_dim as llama.cpp does and needs a 4-D [batch, heads, tokens, head_dim] tensor, shape is %v (%s/norot does not)",
+			s.Method, shape, s.Method)
+	}
+	d := shape[3]
+	if dims := hd[r]; len(dims) > 1 {
+		return &RotationInfo{Why: fmt.Sprintf("off (the %s tensors have different head sizes %v; llama.cpp rotates only one head size per cache)", r, dims)}, nil
+	}
+	if d%64 != 0 {
+		return &RotationInfo{Why: fmt.Sprintf("off (head_dim %d is not a multiple of 64)", d)}, nil
+	}
+	n := 64
+	if r == KeyRole {
+		n = d & -d // the largest power of two dividing d, at least 64
+	}
+	return &RotationInfo{Size: n, Why: fmt.Sprintf("on (Hadamard %d along head_dim %d)", n, d)}, nil
+}
+
+// EngineFormatInfo is one row of kv-compress schemes -engine: a format's
+// scheme (as check prints it) and where its arithmetic comes from.
+type EngineFormatInfo struct {
+	SchemeInfo
+	Engine         string `json:"engine"`
+	Format         string `json:"format"`         // as the engine's flag spells it
+	EngineVersion  string `json:"engine_version"` // the release the arithmetic follows
+	Flags          string `json:"flags"`          // what a user passes the engine for it
+	Rotation       string `json:"rotation"`       // the engine's default, and the switch
+	Evidence       string `json:"evidence"`       // executed or read
+	EvidenceDetail string `json:"evidence_detail"`
+	Source         string `json:"source"` // file:line of the arithmetic
+}
+
+// EngineNames lists the engines kv-compress knows.
+func EngineNames() []string {
+	names := make([]string, len(engines))
+	for i, e := range engines {
+		names[i] = e.name
+	}
+	return names
+}
+
+// EngineReport lists every format of the named engine ("all": of every
+// engine), in the engine's menu order.
+func EngineReport(name string) ([]EngineFormatInfo, error) {
+	var out []EngineFormatInfo
+	for _, e := range engines {
+		if name != "all" && name != e.name {
+			continue
+		}
+		for _, f := range e.formats {
+			s := both(engineScheme(f))
+			info := EngineFormatInfo{SchemeInfo: SchemeReport("", s), Engine: e.name, Format: f.name, EngineVersion: e.version,
+				Flags: strings.ReplaceAll(e.flag, "%s", f.name), Evidence: f.evidence, EvidenceDetail: evidenceDetail(f), Source: f.source}
+			info.Rotation = "none: the engine never rotates this type"
+			if f.rotates {
+				info.Rotation = "on by default (K: Hadamard of the largest power of two >= 64 dividing head_dim; V: 64; " +
+					"only when head_dim % 64 == 0); /norot is LLAMA_ATTN_ROT_DISABLE=1"
+			}
+			out = append(out, info)
+		}
+	}
+	if out == nil {
+		return nil, fmt.Errorf("unknown engine %q (engines: %s, or all)", name, engineNames())
+	}
+	return out, nil
+}

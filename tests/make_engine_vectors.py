@@ -1,0 +1,265 @@
+"""Generate tests/vectors/engine_vectors.json: kv-compress's engine formats (llama.cpp:f16 ...
+llama.cpp:iq4_nl, and none) from the NumPy reference in tests/engine_reference.py, which
+tests/test_engine_formats.py checks against llama.cpp's own C and the gguf package.
+
+`python tests/make_engine_vectors.py` rewrites it; tests/test_engine_formats.py checks the committed
+file equals this output and that the CLI reproduces it bit for bit; go test checks the Go package
+against the same file (engine_test.go).
+
+Three sections: "cases", whole caches through kv-compress (every format on F32, F16 and BF16 caches
+with head_dim 64, 128 and 256, rotation on and off, outlier channels, an all-zero token-head, values
+past the format's range, the refusals); "blocks", single blocks of any float32 bits (NaN, Inf,
+subnormals, ties) through the block API; "rotations", the Hadamard kernel alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+import engine_reference as er
+from kvq_reference import decode, encode, to_bf16_bits
+
+OUT = Path(__file__).parent / "vectors" / "engine_vectors.json"
+F32 = np.float32
+QUANTIZED = [f for f in er.FORMATS if f != "f16"]
+
+
+def spec_name(fmt: str, rotate: bool = True) -> str:
+    """The canonical spelling: llama.cpp:q4_0, llama.cpp:q4_0/norot (f16 never rotates)."""
+    return f"llama.cpp:{fmt}" + ("" if rotate or fmt == "f16" else "/norot")
+
+
+def kv(rng, shape, role: str) -> np.ndarray:
+    """Cache-like values: Gaussian, keys with two large channels (as post-RoPE keys have) and one
+    larger still; an all-zero token-head (head 1, token 0)."""
+    x = rng.standard_normal(shape).astype(F32)
+    if role == "key":
+        x[..., :2] *= F32(8)
+        x[..., 5] *= F32(40)
+    x[:, 1, 0, :] = 0
+    return x
+
+
+def restored_bytes(y: np.ndarray, dtype: str) -> bytes:
+    """The reconstruction written in the source dtype as kv-compress writes an engine format's:
+    finite values saturate at the dtype's largest, an Inf stays Inf; a NaN is F16 sign | 0x7e00,
+    BF16 its top half | 0x40 (safetensors' conversions)."""
+    y = np.asarray(y, F32).copy()
+    if dtype == "F32":
+        return y.astype("<f4").tobytes()
+    lim = F32(65504) if dtype == "F16" else F32(3.3895313892515355e38)
+    fin = np.isfinite(y)
+    y[fin] = np.clip(y[fin], -lim, lim)
+    nan = np.isnan(y)
+    b = y.view(np.uint32)
+    if dtype == "F16":
+        with np.errstate(over="ignore"):
+            h = y.astype(np.float16).view(np.uint16)
+        h = np.where(nan, ((b >> 16) & 0x8000).astype(np.uint16) | np.uint16(0x7E00), h)
+    else:
+        h = np.where(nan, ((b >> 16) | 0x40).astype(np.uint16), to_bf16_bits(np.where(nan, F32(0), y)))
+    return np.asarray(h, "<u2").tobytes()
+
+
+def tensor(name: str, x: np.ndarray, dtype: str) -> dict:
+    raw = encode(np.asarray(x, F32).reshape(-1), dtype)
+    return dict(name=name, dtype=dtype, shape=list(x.shape), raw=raw)
+
+
+def role_of(name: str) -> str:
+    return "key" if name.endswith("_key") else "value"
+
+
+def run_case(c: dict) -> dict:
+    """Compress every tensor of a case as kv-compress does: the scheme of its slot, the engine's
+    rotation for it, blocks of 32 in row-major order, and the restored bytes."""
+    entry = dict(name=c["name"], spec=c["spec"], tensors=[])
+    dims: dict[str, set] = {}
+    for t in c["tensors"]:
+        if len(t["shape"]) == 4:
+            dims.setdefault(role_of(t["name"]), set()).add(t["shape"][3])
+    for t in c["tensors"]:
+        fmt, rotate = c["schemes"][t["name"]]
+        out = dict(name=t["name"], dtype=t["dtype"], shape=t["shape"], input_hex=t["raw"].hex())
+        entry["tensors"].append(out)
+        if "error" in c:
+            continue
+        x = decode(t["raw"], t["dtype"])
+        if fmt == "none":
+            out.update(parts={".codes": t["raw"].hex()}, restored_hex=t["raw"].hex())
+            continue
+        rot, why = 0, ""
+        if fmt != "f16" and rotate:
+            rot, why = er.rotation_size(role_of(t["name"]), t["shape"][3], len(dims[role_of(t["name"])]) == 1)
+        raw, y = er.compress_tensor(x, t["shape"], fmt, rot)
+        out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=rot,
+                   non_finite=int(np.sum(~np.isfinite(y))))
+    if "error" in c:
+        entry["error"] = c["error"]
+    return entry
+
+
+def _cases() -> list[dict]:
+    rng = np.random.default_rng(20260502)
+    cases = []
+
+    def both_roles(name, spec, fmt, rotate, dtype, shape, xs=None):
+        ts = [tensor(f"layer_0_{r}", kv(rng, shape, r) if xs is None else xs[r], dtype) for r in ("key", "value")]
+        cases.append(dict(name=name, spec=spec, tensors=ts, schemes={t["name"]: (fmt, rotate) for t in ts}))
+
+    # Every format on every source dtype and head_dim 64, 128, 256, keys and values, with the
+    # engine's default rotation (K: Hadamard of head_dim's largest power of two, V: 64).
+    for fmt in er.FORMATS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                both_roles(f"{fmt}_{dtype.lower()}_hd{hd}", spec_name(fmt), fmt, True, dtype, [1, 2, 2 if hd < 256 else 1, hd])
+    # Rotation off: /norot (LLAMA_ATTN_ROT_DISABLE=1), and head_dim 96 (not a multiple of 64).
+    for fmt in QUANTIZED:
+        both_roles(f"{fmt}_norot_hd128", spec_name(fmt, False), fmt, False, "F32", [1, 2, 1, 128])
+        both_roles(f"{fmt}_hd96_no_rotation", spec_name(fmt), fmt, True, "F32", [1, 2, 2, 96])
+    # Layers of different head sizes: the engine rotates neither role.
+    ts = [tensor(f"layer_{i}_{r}", kv(rng, [1, 2, 2, hd], r), "F32") for i, hd in ((0, 64), (1, 128)) for r in ("key", "value")]
+    cases.append(dict(name="q4_0_mixed_head_sizes", spec="llama.cpp:q4_0", tensors=ts, schemes={t["name"]: ("q4_0", True) for t in ts}))
+    # K and V formats set independently (-ctk q8_0 -ctv q4_0), and layers skipped with none.
+    both_roles("per_role_q8_0_q4_0", "k=llama.cpp:q8_0,v=llama.cpp:q4_0", None, True, "BF16", [1, 2, 3, 128])
+    cases[-1]["schemes"] = {"layer_0_key": ("q8_0", True), "layer_0_value": ("q4_0", True)}
+    ts = [tensor(f"layer_{i}_{r}", kv(rng, [1, 2, 2, 64], r), "F16") for i in range(3) for r in ("key", "value")]
+    cases.append(dict(name="skip_layers_none", spec="llama.cpp:q4_0,k0-1=none,v0-1=none", tensors=ts,
+                      schemes={t["name"]: ("none" if t["name"][6] in "01" else "q4_0", True) for t in ts}))
+    for dtype in ("F32", "F16", "BF16"):
+        t = tensor("t", rng.standard_normal(40).astype(F32) * 5, dtype)
+        cases.append(dict(name=f"none_{dtype.lower()}", spec="none", tensors=[t], schemes={"t": ("none", False)}))
+    # Values past the format's range, as the engine stores them: f16 overflows to Inf; a block
+    # scale past FP16 is stored as Inf and reads back as Inf and NaN.
+    big = np.array([1e5, -7e4, 65519, 65520, -65504, 3, 0, 1], F32)
+    cases.append(dict(name="f16_overflow_f32", spec="llama.cpp:f16", tensors=[tensor("t", big, "F32")], schemes={"t": ("f16", False)}))
+    cases.append(dict(name="f16_overflow_bf16", spec="llama.cpp:f16", tensors=[tensor("t", big, "BF16")], schemes={"t": ("f16", False)}))
+    over = np.tile(np.linspace(-1, 1, 32, dtype=F32), 2)
+    over[:32] *= F32(1e7)  # q8_0: d = 1e7/127 > 65504; q4_0: d = 1.25e6
+    for fmt in QUANTIZED:
+        cases.append(dict(name=f"{fmt}_scale_overflow", spec=spec_name(fmt, False), tensors=[tensor("t", over, "F32")],
+                          schemes={"t": (fmt, False)}))
+    # Rotation scales first: values near FLT_MAX rotate without overflow (their block scale then
+    # overflows FP16, as above) ...
+    huge = (rng.standard_normal([1, 1, 2, 64]) * 1e37).astype(F32)
+    huge[0, 0, 0, :4] = 3.3e38
+    cases.append(dict(name="q8_0_rotated_near_flt_max", spec="llama.cpp:q8_0", tensors=[tensor("layer_0_key", huge, "F32")],
+                      schemes={"layer_0_key": ("q8_0", True)}))
+    # ... but sums past FLT_MAX overflow to Inf, which the engine quantizes as it quantizes any Inf.
+    over_rot = np.full([1, 1, 2, 128], 3e38, F32)
+    over_rot[0, 0, 1, ::3] = -3e38
+    for fmt in ("q4_0", "q8_0", "iq4_nl"):
+        cases.append(dict(name=f"{fmt}_rotation_overflow", spec=spec_name(fmt), tensors=[tensor("layer_0_key", over_rot, "F32")],
+                          schemes={"layer_0_key": (fmt, True)}))
+    # Subnormal blocks, whose reciprocal scale overflows (the C cast of Inf and NaN).
+    tiny = (rng.standard_normal(96) * 1e-39).astype(F32)
+    for fmt in QUANTIZED:
+        cases.append(dict(name=f"{fmt}_subnormal", spec=spec_name(fmt, False), tensors=[tensor("t", tiny, "F32")],
+                          schemes={"t": (fmt, False)}))
+    # q8_0 ties: x*127/amax on a half rounds to even on x86 (the _ref and gguf: away from zero).
+    ties = np.zeros(64, F32)
+    ties[0], ties[1:32] = 127, np.arange(31) - 15 + 0.5
+    ties[32], ties[33:64] = -63.5, np.arange(31) * 2 - 31 + 1  # amax 63.5: x*2 on odd halves
+    cases.append(dict(name="q8_0_ties", spec="llama.cpp:q8_0/norot", tensors=[tensor("t", ties, "F32")], schemes={"t": ("q8_0", False)}))
+    # Signed zeros: the C keeps the first of equal extremes (q4_1's min, q4_0's max of a zero block).
+    sz = np.zeros(64, F32)
+    sz[1], sz[2:32] = -0.0, np.abs(rng.standard_normal(30)).astype(F32)
+    sz[32:64] = -0.0
+    for fmt in ("q4_0", "q4_1", "q5_0", "q5_1"):
+        cases.append(dict(name=f"{fmt}_signed_zeros", spec=spec_name(fmt, False), tensors=[tensor("t", sz, "F32")],
+                          schemes={"t": (fmt, False)}))
+    # Refusals.
+    errs = [
+        ("q4_0_hd80_refused", "llama.cpp:q4_0", [1, 2, 2, 80], "llama.cpp refuses q4_0 for head_dim 80"),
+        ("q8_0_needs_4d", "llama.cpp:q8_0", [64], "needs a 4-D"),
+        ("iq4_nl_nan", "llama.cpp:iq4_nl/norot", [64], "NaN or Inf cannot be quantized"),
+        ("f16_inf_input", "llama.cpp:f16", [8], "NaN or Inf cannot be quantized"),
+        ("none_nan", "none", [8], "NaN or Inf cannot be quantized"),
+    ]
+    for name, spec, shape, msg in errs:
+        x = rng.standard_normal(shape).astype(F32)
+        if "nan" in name or "inf" in name:
+            x.reshape(-1)[3] = np.nan if "nan" in name else np.inf
+        t = tensor("t", x, "F32")
+        cases.append(dict(name=name, spec=spec, tensors=[t], schemes={"t": (None, True)}, error=msg))
+    # head_dim 80 is fine for f16, which has no blocks
+    t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
+    cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
+    return cases
+
+
+def _block_inputs() -> list[tuple[str, np.ndarray]]:
+    """Single blocks (and f16 runs) of special float32 bits for the block API."""
+    rng = np.random.default_rng(7)
+    bits = lambda *v: np.array(v, np.uint32).view(F32)  # noqa: E731
+    nan_payload = bits(0x7FA12345, 0xFFC00000, 0x7FC00001)
+    sp = rng.standard_normal(32).astype(F32)
+    sp[[0, 9, 17]] = np.inf, -np.inf, np.nan
+    nanfirst = rng.standard_normal(32).astype(F32)
+    nanfirst[[0, 5]] = nan_payload[:2]
+    nanlast = rng.standard_normal(32).astype(F32)
+    nanlast[[24, 31]] = nan_payload[[0, 2]]
+    ties = np.r_[F32(127), np.arange(31, dtype=F32) - 15 + F32(0.5)].astype(F32)
+    out = [
+        ("gaussian", rng.standard_normal(32).astype(F32) * 3),
+        ("zeros", np.zeros(32, F32)),
+        ("negative_zero_first", np.r_[F32(-0.0), np.zeros(31, F32)].astype(F32)),
+        ("tiny_1e-16", np.tile(F32([1e-16, -3e-16, 0, 2e-16]), 8)),
+        ("subnormal", (rng.standard_normal(32) * 1e-40).astype(F32)),
+        ("smallest_subnormal", np.r_[bits(1), np.zeros(31, F32)].astype(F32)),
+        ("huge", (rng.standard_normal(32) * 1e37).astype(F32)),
+        ("flt_max", np.r_[F32(3.4028235e38), F32(-3.4028235e38), np.ones(30, F32)].astype(F32)),
+        ("inf_nan", sp),
+        ("nan_first_lanes", nanfirst),
+        ("nan_last_lanes", nanlast),
+        ("all_nan", np.full(32, np.nan, F32)),
+        ("q8_0_ties", ties),
+        ("constant_negative", np.full(32, -2.5, F32)),
+        ("linspace", np.linspace(-1, 1, 32, dtype=F32)),
+        ("f16_edges", np.r_[F32([65504, 65519.99, 65520, -65520, 6e-8, 2.9e-8, 3e-8, 1e-45]), np.zeros(24, F32)].astype(F32)),
+    ]
+    return out
+
+
+def _blocks() -> list[dict]:
+    out = []
+    for name, x in _block_inputs():
+        for fmt in er.FORMATS + ("q8_0_ref",):
+            with np.errstate(all="ignore"):
+                if fmt == "q8_0_ref":
+                    raw = er.quantize_q8_0_ref(x.reshape(-1, 32)).tobytes()
+                    y = er.dequantize("q8_0", raw)
+                else:
+                    raw = er.QUANTIZE[fmt](x if fmt == "f16" else x.reshape(-1, 32)).tobytes()
+                    y = er.dequantize(fmt, raw)
+            out.append(dict(name=f"{fmt}_{name}", format=fmt, input_hex=x.astype("<f4").tobytes().hex(), codes_hex=raw.hex(),
+                            restored_hex=y.astype("<f4").tobytes().hex()))
+    return out
+
+
+def _rotations() -> list[dict]:
+    rng = np.random.default_rng(11)
+    out = []
+    for n in (64, 128, 256, 512):
+        x = (rng.standard_normal(2 * n) * 3).astype(F32)
+        x[:3] = (1e-42, 3e38, -3e38)
+        out.append(dict(n=n, input_hex=x.astype("<f4").tobytes().hex(), output_hex=er.hadamard_rows(x, n).astype("<f4").tobytes().hex()))
+    return out
+
+
+def build() -> dict:
+    return {"format": "kvq", "engine": "llama.cpp",
+            "engine_version": "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36",
+            "cases": [run_case(c) for c in _cases()], "blocks": _blocks(), "rotations": _rotations()}
+
+
+def render() -> str:
+    return json.dumps(build(), indent=1) + "\n"
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    print(f"wrote {OUT} ({OUT.stat().st_size} bytes)")
