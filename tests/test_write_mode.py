@@ -84,3 +84,51 @@ def test_units_are_keyed_by_mode_and_results_record_it(tiny_dir, tmp_path, cli):
     assert write.scheme("int4").context_delta != prefix.scheme("int4").context_delta
     again = run_sweep(["int4"], mode="write", **kw)
     assert again.timing["units_computed"] == 0 and again.scheme("int4").context_delta == write.scheme("int4").context_delta
+
+
+def test_engine_channel_order_is_llamacpps(tmp_path, cli):
+    """GGUF's interleaved pairs: position p holds HF channel (p % 2) * D/2 + p // 2 (convert_hf_to_gguf's
+    permute), and a round trip through the engine's order with the identity scheme is exact."""
+    from kvlib.transforms.engine import EngineWrite, gguf_order
+
+    assert gguf_order(8).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    hf = torch.arange(64.0)
+    assert hf[gguf_order(64)].reshape(-1, 2)[:, 1].tolist() == list(range(32, 64))
+    t = EngineWrite(CLICacheRoundtrip(tmp_path, resolve_codec("none"), "tiny"), None, permuted=True)
+    k, v = torch.randn(1, 2, 5, 64), torch.randn(1, 2, 5, 64)
+    k2, v2, _ = t.roundtrip_layer(0, k, v)
+    assert torch.equal(k2, k) and torch.equal(v2, v)
+
+
+def test_engine_queries_are_converted_as_llamacpp_does(tmp_path, cli):
+    """f16 K: Q rounded to f16; a quantized K: Q through q8_0, rotated as K (its rotation on by default)."""
+    from kvlib.transforms.engine import EngineWrite, query_codec
+
+    assert query_codec(resolve_codec("llama.cpp:f16").key).spec == "k=llama.cpp:f16,v=none"
+    assert query_codec(resolve_codec("llama.cpp:q4_0").key).spec == "k=llama.cpp:q8_0,v=none"
+    assert query_codec(resolve_codec("llama.cpp:q4_0/norot").key).spec == "k=llama.cpp:q8_0/norot,v=none"
+    q = torch.randn(1, 4, 7, 64)
+    f16 = EngineWrite(CLICacheRoundtrip(tmp_path / "a", resolve_codec("llama.cpp:f16"), "t"),
+                      CLICacheRoundtrip(tmp_path / "b", query_codec(resolve_codec("llama.cpp:f16").key), "t"), False)
+    assert torch.equal(f16.query_layer(0, q), q.half().float())
+    q8 = CLICacheRoundtrip(tmp_path / "c", query_codec(resolve_codec("llama.cpp:q4_0/norot").key), "t")
+    conv = EngineWrite(CLICacheRoundtrip(tmp_path / "d", resolve_codec("llama.cpp:q4_0/norot"), "t"), q8, False)
+    got = conv.query_layer(0, q)
+    blocks = q.reshape(1, 4, 7, 2, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    assert torch.allclose(got, (torch.round(blocks / d) * d.half().float()).reshape(q.shape), atol=1e-6)
+
+
+def test_written_forward_converts_queries_only_inside(tiny_llama, tmp_path, cli):
+    from kvlib.transforms.engine import EngineWrite, query_codec
+
+    ids = _ids(100)
+    t = EngineWrite(CLICacheRoundtrip(tmp_path / "k", resolve_codec("llama.cpp:q8_0/norot"), "t"),
+                    CLICacheRoundtrip(tmp_path / "q", query_codec(resolve_codec("llama.cpp:q8_0/norot").key), "t"),
+                    False)
+    plain = CLICacheRoundtrip(tmp_path / "p", resolve_codec("llama.cpp:q8_0/norot"), "t")
+    r = score_windows(tiny_llama, ids, 64, 32, {"engine": t, "plain": plain}, max_windows=2, progress=False,
+                      mode="write")
+    assert r["engine"].compressed_perplexity != r["plain"].compressed_perplexity  # Q converted in one only
+    assert r["engine"].baseline_perplexity == r["plain"].baseline_perplexity  # the exact forward untouched
+    assert tiny_llama.config._attn_implementation != "kvlib_write"

@@ -10,14 +10,51 @@ converts them (llama.cpp's Q to the K type's dot-product format) says so itself.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvlib.cache.layout import new_cache
 from kvlib.codec.metrics import join_metrics
+
+
+# The transform whose query path the attention below applies (set around one written forward).
+_QUERIES: contextvars.ContextVar[Any] = contextvars.ContextVar("kvlib_write_queries", default=None)
+ATTENTION = "kvlib_write"
+
+
+def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+               **kw: Any) -> Any:
+    """SDPA on the query as the engine converts it (``transform.query_layer``)."""
+    t = _QUERIES.get()
+    if t is not None:
+        query = t.query_layer(module.layer_idx, query)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+
+AttentionInterface.register(ATTENTION, _attention)
+
+
+@contextlib.contextmanager
+def queries_through(model: Any, transform: Any) -> Iterator[None]:
+    """Within: the model's attention converts Q as ``transform`` says (only when it converts any)."""
+    if not getattr(transform, "converts_queries", False):
+        yield
+        return
+    config = model.config
+    before, token = config._attn_implementation, _QUERIES.set(transform)
+    config._attn_implementation = ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+        _QUERIES.reset(token)
 
 
 def write_cache(model: Any, transform: Any, sink: list) -> Any:
@@ -43,8 +80,9 @@ def score_write(model: Any, ids: torch.Tensor, num_targets: int, targets: torch.
     sink: list = []
     seconds0 = sum(getattr(transform, "seconds", {}).values())
     t0 = time.perf_counter()
-    out = model(input_ids=ids, past_key_values=write_cache(model, transform, sink), use_cache=True,
-                logits_to_keep=num_targets + 1)
+    with queries_through(model, transform):
+        out = model(input_ids=ids, past_key_values=write_cache(model, transform, sink), use_cache=True,
+                    logits_to_keep=num_targets + 1)
     wall = time.perf_counter() - t0
     spent = sum(getattr(transform, "seconds", {}).values()) - seconds0 if hasattr(transform, "seconds") else wall
     logp = F.log_softmax(out.logits[0, :-1].float(), dim=-1)

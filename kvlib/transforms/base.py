@@ -37,6 +37,12 @@ class CacheTransform:
         (key, value, metrics); the tensors keep their shape, dtype and device."""
         raise NotImplementedError(f"{type(self).__name__} has no write mode")
 
+    converts_queries: ClassVar[bool] = False  # write mode: whether query_layer changes Q
+
+    def query_layer(self, layer: int, query: Any) -> Any:
+        """Write mode: Q as the engine's attention reads it (exact unless the format converts it)."""
+        return query
+
 
 class CodecRoundtrip(CacheTransform):
     """A round trip through kvlib's codec under ``self.codec`` (subclasses say how it is reached)."""
