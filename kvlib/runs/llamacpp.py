@@ -1,0 +1,299 @@
+"""kvlib beside llama.cpp: the same GGUF, the same token ids and the same chunks through
+``llama-perplexity`` (built from the llama-cpp-python sdist: ``make peer-llamacpp``) with its
+``-ctk``/``-ctv`` cache types, rotation on (the default) and off (``LLAMA_ATTN_ROT_DISABLE=1``),
+and through kvlib's write mode with the same types; each side's delta is against its own f16
+cache on the same chunks, and the difference of the two deltas gets a paired bootstrap CI over
+chunks. llama.cpp runs its own quantized weights and kernels, so the two cannot agree to the bit;
+what is part of the engine's cache arithmetic is emulated (see docs/engines.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader
+
+from kvlib.codec.server import SharedContext, shared_server
+from kvlib.codec.spec import resolve_codec
+from kvlib.gates import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, CI_LEVEL
+from kvlib.models.corpus import load_corpus, tokenize
+from kvlib.models.sources import load_model_and_tokenizer, resolve_model
+from kvlib.scoring.perplexity import plan_chunks, score_windows
+from kvlib.transforms.codec import CLICacheRoundtrip, ServerCacheRoundtrip
+from kvlib.transforms.engine import engine_write
+
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "peers" / "build_llamacpp.sh"
+TYPES = ("f16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+# The agreement goal: kvlib's write-mode delta within the larger of 15 % and 0.02 of llama.cpp's.
+AGREE_REL, AGREE_ABS = 0.15, 0.02
+
+
+class LlamaCppError(RuntimeError):
+    """llama-perplexity could not be built or run (one line naming what and why)."""
+
+
+@dataclass(frozen=True)
+class CacheTypes:
+    """One llama.cpp cache setting: -ctk, -ctv and the rotation (on unless LLAMA_ATTN_ROT_DISABLE)."""
+
+    k: str
+    v: str
+    rotation: bool = True
+
+    @property
+    def label(self) -> str:
+        kv = self.k if self.k == self.v else f"K {self.k}, V {self.v}"
+        return kv + ("" if self.k == "f16" and self.v == "f16" else ", rotation " + ("on" if self.rotation else "off"))
+
+    @property
+    def flags(self) -> str:
+        env = "" if self.rotation else "LLAMA_ATTN_ROT_DISABLE=1 "
+        return f"{env}llama-perplexity -ctk {self.k} -ctv {self.v}"
+
+
+@dataclass
+class ChunkRun:
+    """One side's run of one setting: each chunk's summed target NLL, and the perplexity."""
+
+    nll: list[float]
+    targets_per_chunk: int
+    seconds: float = 0.0
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(sum(self.nll) / (len(self.nll) * self.targets_per_chunk))
+
+
+def build_peer() -> Path:
+    """The llama-perplexity binary (built once under build/llamacpp by peers/build_llamacpp.sh)."""
+    proc = subprocess.run(["bash", str(PEER_SCRIPT)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise LlamaCppError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "the build failed")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+_ROW = re.compile(r"^\s*(\d+)\s+([0-9.]+)\s+(-?[0-9.]+)\s+(-?[0-9.eE+-]+)\s*$")
+
+
+def parse_chunks(stdout: str, n_ctx: int) -> list[float]:
+    """Each chunk's summed NLL from ``--ppl-output-type 1`` rows ("start ppl mean_nll std"): the
+    running mean over k chunks, times k chunks' targets, minus the previous sum."""
+    means = [float(m.group(3)) for line in stdout.splitlines() if (m := _ROW.match(line))]
+    per = n_ctx - n_ctx // 2 - 1
+    sums = [mean * per * (i + 1) for i, mean in enumerate(means)]
+    return [s - (sums[i - 1] if i else 0.0) for i, s in enumerate(sums)]
+
+
+def run_llama_perplexity(binary: Path, gguf: Path, text: Path, n_ctx: int, chunks: int, types: CacheTypes,
+                         threads: int | None = None, timeout: float = 3600) -> ChunkRun:
+    """llama-perplexity on ``text`` with the cache types; its process group is killed on a timeout."""
+    argv = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(n_ctx), "-b", str(n_ctx), "--chunks", str(chunks),
+            "-ctk", types.k, "-ctv", types.v, "-fa", "on", "--ppl-output-type", "1", "-t", str(threads or os.cpu_count())]
+    env = dict(os.environ)
+    env.pop("LLAMA_ATTN_ROT_DISABLE", None)
+    if not types.rotation:
+        env["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise LlamaCppError(f"llama-perplexity ({types.label}) did not finish within {timeout:.0f} s") from None
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        raise LlamaCppError(f"llama-perplexity ({types.label}) exited {proc.returncode}: {last}")
+    nll = parse_chunks(out + err, n_ctx)
+    if len(nll) != chunks:
+        raise LlamaCppError(f"llama-perplexity ({types.label}) printed {len(nll)} chunks, expected {chunks}")
+    return ChunkRun(nll, n_ctx - n_ctx // 2 - 1, time.perf_counter() - t0)
+
+
+def delta(run: ChunkRun, base: ChunkRun, idx: np.ndarray | None = None) -> float:
+    """Perplexity delta of ``run`` against ``base`` on the chunks ``idx`` (default all)."""
+    a, b = np.asarray(run.nll), np.asarray(base.nll)
+    if idx is not None:
+        a, b = a[idx], b[idx]
+    n = len(a) * run.targets_per_chunk
+    return math.exp(a.sum() / n) - math.exp(b.sum() / n)
+
+
+def paired_ci(engine: ChunkRun, engine_base: ChunkRun, ours: ChunkRun, ours_base: ChunkRun,
+              samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile bootstrap CI of (kvlib's delta - llama.cpp's delta), the same chunks resampled for
+    both sides (the chunks are the unit: their tokens share a cache)."""
+    rng = np.random.default_rng(seed)
+    n = len(engine.nll)
+    diffs = []
+    for _ in range(samples):
+        idx = rng.integers(0, n, n)
+        diffs.append(delta(ours, ours_base, idx) - delta(engine, engine_base, idx))
+    alpha = (1 - CI_LEVEL) / 2
+    return float(np.quantile(diffs, alpha, method="lower")), float(np.quantile(diffs, 1 - alpha, method="higher"))
+
+
+@dataclass
+class Comparison:
+    """One setting on both sides."""
+
+    setting: CacheTypes
+    kvlib_spec: str
+    engine_delta: float
+    kvlib_delta: float
+    diff_ci: tuple[float, float]
+    engine_ppl: float
+    kvlib_ppl: float
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.kvlib_delta - self.engine_delta) <= max(AGREE_REL * abs(self.engine_delta), AGREE_ABS)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "setting": asdict(self.setting), "label": self.setting.label,
+                "flags": self.setting.flags, "agrees": self.agrees}
+
+
+@dataclass
+class SideBySide:
+    model: str
+    text: str
+    n_ctx: int
+    chunks: int
+    engine_base_ppl: float
+    kvlib_base_ppl: float
+    rows: list[Comparison] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "rows": [r.to_dict() for r in self.rows]}
+
+
+def kvlib_spec(types: CacheTypes) -> str:
+    """The kv-compress spec of a llama.cpp setting (f16 is never rotated)."""
+    def one(t: str) -> str:
+        return f"llama.cpp:{t}" + ("" if types.rotation or t == "f16" else "/norot")
+    return one(types.k) if types.k == types.v else f"k={one(types.k)},v={one(types.v)}"
+
+
+def gguf_architecture(path: Path) -> str:
+    """general.architecture of a GGUF file."""
+    f = GGUFReader(str(path)).fields["general.architecture"]
+    return bytes(f.parts[f.data[0]]).decode()
+
+
+def run_kvlib(model: Any, ids: Any, n_ctx: int, chunks: int, settings: list[CacheTypes], architecture: str,
+              workdir: Path) -> dict[CacheTypes, ChunkRun]:
+    """Each setting in kvlib's write mode on llama.cpp's chunks, with llama.cpp's write path (channel
+    order, query conversion), through the codec server (or the file CLI)."""
+
+    server = shared_server()
+
+    def make(codec: Any, sub: str = "") -> Any:
+        if server is not None:
+            return ServerCacheRoundtrip(server, codec, "kvlib", context=SharedContext("kvlib"))
+        return CLICacheRoundtrip(workdir / (sub or codec.spec.replace("/", "_")), codec, "kvlib")
+
+    windows = plan_chunks(ids.shape[1], n_ctx, chunks)
+    out = {}
+    for s in settings:
+        t = engine_write(make(resolve_codec(kvlib_spec(s))), make, architecture)
+        t0 = time.perf_counter()
+        r = score_windows(model, ids, n_ctx, n_ctx, {"x": t}, progress=False, mode="write", windows=windows)["x"]
+        out[s] = ChunkRun([w.compressed_nll for w in r.windows], windows[0].num_targets, time.perf_counter() - t0)
+    return out
+
+
+def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int = 2048, chunks: int = 8,
+                 threads: int | None = None, say: Any = print) -> SideBySide:
+    """Both sides on every setting (f16 first: each side's baseline), compared."""
+
+    base = CacheTypes("f16", "f16", True)
+    settings = [base] + [s for s in settings if s != base]
+    binary = build_peer()
+    engine, t0 = {}, time.perf_counter()
+    for s in settings:
+        say(f"llama-perplexity: {s.label}...")
+        engine[s] = run_llama_perplexity(binary, gguf, text, n_ctx, chunks, s, threads)
+    t1 = time.perf_counter()
+    model, tok = load_model_and_tokenizer(str(gguf), device="cpu")
+    ids = tokenize(tok, load_corpus(str(text)))
+    with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
+        say("kvlib write mode on the same chunks...")
+        ours = run_kvlib(model, ids, n_ctx, chunks, settings, gguf_architecture(gguf), Path(tmp))
+    result = SideBySide(str(gguf.name), str(text), n_ctx, chunks, engine[base].perplexity, ours[base].perplexity,
+                        seconds={"llama.cpp_s": t1 - t0, "kvlib_s": time.perf_counter() - t1})
+    for s in settings[1:]:
+        result.rows.append(Comparison(s, kvlib_spec(s), delta(engine[s], engine[base]), delta(ours[s], ours[base]),
+                                      paired_ci(engine[s], engine[base], ours[s], ours[base]),
+                                      engine[s].perplexity, ours[s].perplexity))
+    return result
+
+
+def print_side_by_side(r: SideBySide) -> None:
+    print(f"{r.model} on {r.text}: {r.chunks} chunks of {r.n_ctx}; f16 perplexity llama.cpp {r.engine_base_ppl:.4f}, "
+          f"kvlib {r.kvlib_base_ppl:.4f}")
+    print(f"  {'setting':30s} {'llama.cpp d':>11s} {'kvlib d':>9s} {'kvlib - llama.cpp (95% CI)':>30s}  agree")
+    for c in r.rows:
+        lo, hi = c.diff_ci
+        print(f"  {c.setting.label:30s} {c.engine_delta:+11.4f} {c.kvlib_delta:+9.4f} "
+              f"{c.kvlib_delta - c.engine_delta:+10.4f} [{lo:+8.4f}, {hi:+8.4f}]  {'yes' if c.agrees else 'no'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """make peer-llamacpp: build llama-perplexity, run both sides, print the table, write the JSON."""
+
+    ap = argparse.ArgumentParser(prog="python -m kvlib.runs.llamacpp", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="embedded", help="a GGUF model (zoo name, 'embedded' or a .gguf path)")
+    ap.add_argument("--corpus", default="wikitext-2-valid", help="'wikitext-2-valid' (shipped) or a text file")
+    ap.add_argument("--types", default="q8_0,q4_0", help=f"cache types, of {', '.join(TYPES)}")
+    ap.add_argument("--rotation", default="on,off", help="on, off or on,off")
+    ap.add_argument("--n-ctx", type=int, default=2048)
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    try:
+        src = resolve_model(a.model)
+        if not src.gguf_file:
+            raise ValueError(f"{a.model}: llama.cpp needs a GGUF model")
+        types = [t for t in a.types.split(",") if t]
+        bad = [t for t in types if t not in TYPES]
+        if bad:
+            raise ValueError(f"--types {','.join(bad)}: not a llama.cpp cache type ({', '.join(TYPES)})")
+        rot = {"on": [True], "off": [False], "on,off": [True, False], "off,on": [False, True]}[a.rotation]
+        settings = [CacheTypes(t, t, r) for t in types for r in rot if t != "f16"]
+        with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
+            text = Path(a.corpus)
+            if not text.is_file():  # a named corpus, written out for llama-perplexity's -f
+                text = Path(tmp) / "corpus.txt"
+                text.write_text(load_corpus(a.corpus).text)
+            r = side_by_side(Path(src.path) / src.gguf_file, text, settings, a.n_ctx, a.chunks)
+    except (LlamaCppError, ValueError, KeyError, FileNotFoundError) as e:
+        print(f"peer-llamacpp: error: {e}", file=sys.stderr)
+        return 2
+    print_side_by_side(r)
+    if a.json:
+        Path(a.json).write_text(json.dumps(r.to_dict(), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

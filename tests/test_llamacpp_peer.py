@@ -1,0 +1,48 @@
+"""The llama.cpp side-by-side's plumbing: llama-perplexity's per-chunk rows, the specs and flags of
+a setting, and the paired CI (the runs themselves: make peer-llamacpp)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvlib.runs.llamacpp import CacheTypes, ChunkRun, delta, kvlib_spec, paired_ci, parse_chunks
+from kvlib.scoring.perplexity import plan_chunks
+
+# llama-perplexity --ppl-output-type 1 on SmolLM2-135M, WikiText-2 valid, -c 2048 (first 3 rows).
+ROWS = """perplexity: calculating perplexity over 8 chunks, n_ctx=2048, batch_size=2048, n_seq=1
+       0  13.2507  2.584051  0.093109
+    2048  13.7711  2.622570  0.064610
+    4096  13.5222  2.604333  0.052284
+"""
+
+
+def test_chunk_nlls_from_the_running_means():
+    nll = parse_chunks(ROWS, 2048)
+    per = 2048 - 1024 - 1
+    assert len(nll) == 3 and nll[0] == pytest.approx(2.584051 * per)
+    assert sum(nll) / (3 * per) == pytest.approx(2.604333)  # the running mean after three chunks
+    assert math.exp(nll[0] / per) == pytest.approx(13.2507, rel=1e-5)
+
+
+def test_the_plan_is_llamacpps():
+    w = plan_chunks(20_000, 2048, 8)
+    assert len(w) == 8 and (w[1].begin, w[1].end, w[1].num_targets) == (2048, 4096, 1023)
+    assert len(plan_chunks(5000, 2048)) == 2  # whole chunks only
+
+
+def test_settings_name_their_flags_and_specs():
+    assert kvlib_spec(CacheTypes("q4_0", "q4_0", True)) == "llama.cpp:q4_0"
+    assert kvlib_spec(CacheTypes("q4_0", "q4_0", False)) == "llama.cpp:q4_0/norot"
+    assert kvlib_spec(CacheTypes("q8_0", "f16", False)) == "k=llama.cpp:q8_0/norot,v=llama.cpp:f16"
+    assert CacheTypes("q4_0", "q4_0", False).flags == "LLAMA_ATTN_ROT_DISABLE=1 llama-perplexity -ctk q4_0 -ctv q4_0"
+
+
+def test_paired_ci_brackets_the_difference_and_is_zero_for_equal_sides():
+    base = ChunkRun([2000.0 + i for i in range(8)], 1023)
+    run = ChunkRun([2100.0 + 3 * i for i in range(8)], 1023)
+    assert paired_ci(run, base, run, base) == (0.0, 0.0)
+    other = ChunkRun([2110.0 + 3 * i for i in range(8)], 1023)
+    lo, hi = paired_ci(run, base, other, base)
+    assert lo <= delta(other, base) - delta(run, base) <= hi and lo > 0
