@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny random Llama with TinyLlama's KV geometry, a tiny
-real tokenizer, the embedded model (loaded once), and the built CLI."""
+real tokenizer, the embedded model (loaded once for the whole run, also when a run
+loads it by name), and the built CLI."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ from kvlib.cache.io import TINYLLAMA_HEAD_DIM, TINYLLAMA_NUM_KV_HEADS, TINYLLAMA
 REPO = Path(__file__).resolve().parent.parent
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2-valid.txt"
 TINY_WORDS = "the a of and to in is was it for on that with as by at from his her an be this are which".split()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_results_store(tmp_path_factory):
+    """Module- and session-scoped fixtures run before any test's own store is set: they get an empty
+    store of the run's own, never the user's (~/.cache/kvlib/results), whose finished units would
+    stand in for the computation they test."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVLIB_RESULTS", str(tmp_path_factory.mktemp("session-results")))
+        for name in ("KVLIB_FRESH", "KVLIB_RAY", "RAY_ADDRESS"):
+            mp.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -73,9 +86,47 @@ def tiny_dir(tmp_path_factory, tiny_llama, tiny_tokenizer):
     return d
 
 
-@pytest.fixture(scope="session")
-def embedded():
-    """The embedded SmolLM2-135M model and tokenizer (about 20 s to load)."""
-    from kvlib.models.sources import load_model_and_tokenizer
+@pytest.fixture(scope="session", autouse=True)
+def embedded_loads_once():
+    """The embedded SmolLM2-135M (its GGUF dequantized: 10 to 20 s a load) loads once per test run:
+    ``load_model_and_tokenizer`` of the embedded model (by any of its names) on one device and dtype
+    returns the model loaded the first time. Runs still call it (a test that forbids loading by
+    monkeypatching it sees every call); other models load as they would. Nothing in kvlib changes
+    a loaded model's weights, so sharing it changes no number."""
+    import inspect
 
-    return load_model_and_tokenizer("embedded", device="cpu")
+    from kvlib.env import default_device
+    from kvlib.models import sources, zoo
+
+    real = sources.load_model_and_tokenizer
+    signature = inspect.signature(real)
+    loaded: dict[tuple, tuple] = {}
+
+    def load_once(*args, **kwargs):
+        a = signature.bind(*args, **kwargs)
+        a.apply_defaults()
+        model, device, dtype = a.arguments["model"], a.arguments["device"], a.arguments["dtype"]
+        try:
+            src = sources.resolve_model(model)
+        except Exception:  # noqa: BLE001 - the real loader says what is wrong
+            return real(*args, **kwargs)
+        if (src.kind, src.gguf_file) != ("zoo", zoo.EMBEDDED_GGUF):
+            return real(*args, **kwargs)
+        device = device or default_device()
+        dtype = dtype or (torch.float16 if device.startswith("cuda") else torch.float32)
+        key = (src.path, device, dtype)
+        if key not in loaded:
+            loaded[key] = real(model, device=device, dtype=dtype)
+        return loaded[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sources, "load_model_and_tokenizer", load_once)
+        yield loaded
+
+
+@pytest.fixture(scope="session")
+def embedded(embedded_loads_once):
+    """The embedded SmolLM2-135M model and tokenizer (loaded once for the whole run)."""
+    from kvlib.models import sources
+
+    return sources.load_model_and_tokenizer("embedded", device="cpu")

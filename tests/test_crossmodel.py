@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvlib.runs import crossmodel
 from kvlib.report import crossmodel as crossmodel_report
+from kvlib.report.common import fmt
 from kvlib.runs.crossmodel import _spearman
 
 
@@ -58,7 +59,8 @@ def test_delta_table_equals_the_json(result):
             s = by[(m, row[0])]
             shown = re.search(r">([+-][0-9.]+)<", cell).group(1)
             assert shown == f"{s['context_delta']:+.3f}"
-            assert f"[{s['ci_low']:+.3f}, {s['ci_high']:+.3f}]" in cell and f"KLD {s['kld_mean']:.4f}" in cell
+            assert f"[{fmt(s['ci_low'], '+.3f')}, {fmt(s['ci_high'], '+.3f')}]" in cell
+            assert f"KLD {s['kld_mean']:.4f}" in cell
     geo = crossmodel_report.geometry_rows(d)
     assert [g[5] for g in geo] == [sw["kv_geometry"]["layers"] for sw in d["sweeps"]]
     assert [g[3] for g in geo] == ["1 / 4", "2 / 4"]

@@ -5,8 +5,6 @@ and continuations; the codec path is the real CLI, each context saved once."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +19,8 @@ from kvlib.checks.decoding import DecodingChecks
 from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
 from kvlib.checks.retrieval import RetrievalConfig, build_haystack, build_haystacks, run_retrieval
 
-TINY_R = RetrievalConfig(lengths=(256, 384), depths=(0.0, 0.5, 1.0))
+# The embedded model finds all 6 keys, each within 6 answer tokens (a space and five digits).
+TINY_R = RetrievalConfig(lengths=(128, 256), depths=(0.0, 0.5, 1.0), answer_tokens=6)
 TINY_A = AgreementConfig(prompts=3, context_tokens=96, new_tokens=6)
 
 
@@ -44,7 +43,7 @@ def test_haystacks_are_deterministic_and_seeded(smol):
     a, b = build_haystacks(tok, TINY_R), build_haystacks(tok, TINY_R)
     assert [h.ids for h in a] == [h.ids for h in b] and [h.key for h in a] == [h.key for h in b]
     assert len(a) == 6 and len({h.key for h in a}) == 6 and all(len(h.key) == 5 for h in a)
-    c = build_haystacks(tok, RetrievalConfig(lengths=(256, 384), depths=(0.0, 0.5, 1.0), seed=1))
+    c = build_haystacks(tok, RetrievalConfig(lengths=TINY_R.lengths, depths=TINY_R.depths, seed=1))
     assert [h.key for h in c] != [h.key for h in a]
 
 
@@ -86,9 +85,16 @@ def test_bad_grids_fail_with_the_parameter_named(smol):
     assert DecodingChecks.from_parameters(generation_prompts=3).agreement == AgreementConfig(prompts=3)
 
 
-def test_identity_reproduces_the_exact_answers_and_a_broken_cache_does_not(smol, tmp_path):
+@pytest.fixture(scope="module")
+def identity_and_zeroed(smol, tmp_path_factory):
+    """One retrieval run over TINY_R: the exact cache, the identity and a zeroed cache (two tests read it)."""
     lm, tok = smol
-    r = run_retrieval(lm, tok, [], tmp_path, TINY_R, transforms={"identity": identity, "zeroed": zeroed})
+    return run_retrieval(lm, tok, [], tmp_path_factory.mktemp("retrieval"), TINY_R,
+                         transforms={"identity": identity, "zeroed": zeroed})
+
+
+def test_identity_reproduces_the_exact_answers_and_a_broken_cache_does_not(identity_and_zeroed):
+    r = identity_and_zeroed
     exact, same, broken = r.exact, r.scheme("identity"), r.scheme("zeroed")
     assert exact.found == exact.total == 6  # the embedded model finds every key at these lengths
     assert [a.answer for a in same.answers] == [a.answer for a in exact.answers] and same.dropped == 0
@@ -98,9 +104,9 @@ def test_identity_reproduces_the_exact_answers_and_a_broken_cache_does_not(smol,
 
 def test_lengths_beyond_the_model_context_are_left_out(smol, tmp_path):
     lm, tok = smol
-    r = run_retrieval(lm, tok, [], tmp_path, RetrievalConfig(lengths=(256, 100_000), depths=(0.5,)),
+    r = run_retrieval(lm, tok, [], tmp_path, RetrievalConfig(lengths=(128, 100_000), depths=(0.5,)),
                       transforms={"identity": identity})
-    assert r.lengths == [256] and r.skipped_lengths == [100_000] and r.exact.total == 1
+    assert r.lengths == [128] and r.skipped_lengths == [100_000] and r.exact.total == 1
     assert r.summary().endswith("(lengths 100000 left out: beyond the model's context)")
 
 
@@ -190,14 +196,15 @@ def test_batched_rows_decode_as_they_would_alone(smol):
         stack_caches([caches[0], prefill(lm, [1, 2])])
 
 
-def test_report_figures_state_their_numbers(smol, tmp_path):
-    lm, tok = smol
-    r = run_retrieval(lm, tok, [], tmp_path, TINY_R, transforms={"zeroed": zeroed}).to_dict()
+def test_report_figures_state_their_numbers(identity_and_zeroed):
+    r = identity_and_zeroed.to_dict()
+    zero = r["schemes"][1]
+    assert [s["name"] for s in r["schemes"]] == ["identity", "zeroed"]
     fig = decoding_report.plot_retrieval(r)
-    assert fig.alt.endswith(f"exact 6/6; zeroed {r['schemes'][0]['found']}/6") and fig.png[:4] == b"\x89PNG"
+    assert fig.alt.endswith(f"exact 6/6; identity 6/6; zeroed {zero['found']}/6") and fig.png[:4] == b"\x89PNG"
     rows = decoding_report.retrieval_rows(r)
     assert rows[0][:3] == ["exact", "6/6", "100 %"] and rows[0][3:5] == ["3/3", "3/3"]
-    assert rows[1][-2] == str(r["schemes"][0]["dropped"])
+    assert rows[2][0] == "zeroed" and rows[2][-2] == str(zero["dropped"])
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -207,9 +214,19 @@ def test_report_figures_state_their_numbers(smol, tmp_path):
     (["--generation-tokens", "0"], "new_tokens 0"),
     (["--quick-test", "--retrieval"], "need a model"),
 ])
-def test_cli_rejects_bad_checks_before_loading(args, msg, cli):
-    p = subprocess.run([sys.executable, "-m", "kvlib", *args], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and msg in p.stderr and len(p.stderr.strip().splitlines()) == 1
+def test_cli_rejects_bad_checks_before_loading(args, msg, cli, capsys, monkeypatch):
+    """kv-validate's entry point in this process (tests/test_cli.py runs ``python -m kvlib`` itself),
+    with the model forbidden to load: exit 2, one line naming the parameter."""
+    from kvlib.cli import main
+    from kvlib.models import sources
+
+    monkeypatch.setattr(sources, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded the model"))
+    try:
+        rc = main(args)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and len(err.strip().splitlines()) == 1
 
 
 def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
@@ -228,8 +245,10 @@ def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
     ids = tokenize(tok, load_corpus("embedded"))
     codecs = [resolve_codec("int8")]
 
+    grid = RetrievalConfig(lengths=TINY_R.lengths, depths=(0.5,))  # one haystack per length: two batches
+
     def both():
-        r = run_retrieval(lm, tok, codecs, tmp_path / "r", TINY_R, "smol", units=CheckUnits(store, ident, "retrieval"))
+        r = run_retrieval(lm, tok, codecs, tmp_path / "r", grid, "smol", units=CheckUnits(store, ident, "retrieval"))
         a = run_agreement(lm, tok, ids, codecs, tmp_path / "a", TINY_A, "smol",
                           units=CheckUnits(store, ident, "agreement"))
         return r.to_dict(), a.to_dict()

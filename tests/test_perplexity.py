@@ -79,23 +79,23 @@ def test_a_damaged_cache_changes_perplexity(tiny_llama):
 
 
 def test_embedded_model_through_the_real_cli(embedded, tmp_path, cli):
-    """Integration: SmolLM2 on real WikiText-2 text, 3 windows, every context through kv-compress."""
-    from conftest import WIKITEXT
+    """Integration: SmolLM2 on real WikiText-2 text, 3 windows of 256 at stride 128, every context through
+    kv-compress."""
     from kvlib.transforms.codec import CLICacheRoundtrip
     from kvlib.models.corpus import load_corpus, tokenize
 
     model, tok = embedded
-    text = load_corpus(str(WIKITEXT)) if WIKITEXT.exists() else load_corpus("embedded")
-    ids = tokenize(tok, text)[:, :2000]
-    exact = evaluate_windows(model, ids, 1024, 512, transform=lambda c: (c, None), max_windows=3, progress=False)
+    text = load_corpus("wikitext-2-valid")  # shipped with kvlib: no ../shared needed
+    ids = tokenize(tok, text)[:, :500]  # windows [0, 256), [128, 384), [256, 500)
+    exact = evaluate_windows(model, ids, 256, 128, transform=lambda c: (c, None), max_windows=3, progress=False)
     # Baseline through the prefix split equals the full-window recipe.
     assert abs(exact.compressed_perplexity - exact.baseline_perplexity) / exact.baseline_perplexity < 1e-4
     codec = CLICacheRoundtrip(tmp_path, model_name="smollm2")
-    res = evaluate_windows(model, ids, 1024, 512, transform=codec, max_windows=3, progress=False)
+    res = evaluate_windows(model, ids, 256, 128, transform=codec, max_windows=3, progress=False)
     assert res.baseline_perplexity == pytest.approx(exact.baseline_perplexity, rel=1e-9)
     assert codec.calls == 2 and len(res.window_metrics) == 2
     assert res.compression.compression_ratio == pytest.approx(16 / 4.25)
     assert res.compression.num_tensors == 60  # 30 layers x K, V
     assert res.compressed_perplexity != res.baseline_perplexity  # INT4 changes something
-    assert math.isfinite(res.context_delta) and res.context_scored_tokens == 512 + (2000 - 1536)
+    assert math.isfinite(res.context_delta) and res.context_scored_tokens == 128 + (500 - 384)
     assert 3 < res.baseline_perplexity < 200

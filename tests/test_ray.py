@@ -22,15 +22,20 @@ def cluster():
     ray.shutdown()
 
 
-def test_ray_gives_the_serial_result(tiny_dir, tmp_path, cluster):  # noqa: F811
-    serial = sweep(tiny_dir, tmp_path / "serial")
+@pytest.fixture(scope="module")
+def serial(tiny_dir, tmp_path_factory):
+    """The serial sweep's numbers, computed once: every Ray run below must give them."""
+    return numbers(sweep(tiny_dir, tmp_path_factory.mktemp("serial")))
+
+
+def test_ray_gives_the_serial_result(tiny_dir, tmp_path, cluster, serial):  # noqa: F811
     on_ray = sweep(tiny_dir, tmp_path / "ray", ray=True)
     assert on_ray.timing["units_computed"] == 10 and on_ray.timing["ray_units_s"] > 0
-    assert numbers(on_ray) == numbers(serial)
+    assert numbers(on_ray) == serial
     assert sweep(tiny_dir, tmp_path / "ray", ray=True).timing["units_computed"] == 0  # nothing left to ship
 
 
-def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, monkeypatch):  # noqa: F811
+def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, serial, monkeypatch):  # noqa: F811
     from kvlib.scoring import executor
 
     run, killed = executor.RayExecutor.run, []
@@ -44,11 +49,9 @@ def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, monkeypatc
         return run(self, job, ids, missing, told)
 
     monkeypatch.setattr(executor.RayExecutor, "run", run_and_kill)
-    on_ray = sweep(tiny_dir, tmp_path / "ray")  # RAY_ADDRESS-free: ray=True below
-    monkeypatch.setattr(executor.RayExecutor, "run", run_and_kill)
     killed_run = sweep(tiny_dir, tmp_path / "killed", ray=True)
     assert killed and killed_run.timing["units_computed"] == 10
-    assert numbers(killed_run) == numbers(on_ray)
+    assert numbers(killed_run) == serial
 
 
 def test_an_unreachable_cluster_is_one_line(tiny_dir, tmp_path):  # noqa: F811

@@ -79,9 +79,10 @@ def rendered(tmp_path_factory, cli):
     executed = out / "validate_perplexity.ipynb"
     papermill.execute_notebook(
         str(NOTEBOOK), str(executed), kernel_name="python3", progress_bar=False,
-        parameters={"max_windows": 2, "context_length": 512, "stride": 256, "output_dir": str(out), "name": "small",
-                    "retrieval_lengths": "256", "retrieval_depths": "0,1", "generation_prompts": 2,
-                    "generation_context": 128, "generation_tokens": 4},
+        # Two windows of 256 (one gated), two haystacks of 128, two prompts of 64: every cell, smallest inputs.
+        parameters={"max_windows": 2, "context_length": 256, "stride": 128, "output_dir": str(out), "name": "small",
+                    "retrieval_lengths": "128", "retrieval_depths": "0,1", "generation_prompts": 2,
+                    "generation_context": 64, "generation_tokens": 4},
     )
     html, _ = HTMLExporter(exclude_input=True).from_notebook_node(nbformat.read(executed, as_version=4))
     page = _Page()
@@ -103,6 +104,8 @@ def test_banner_states_the_verdict(rendered):
 
 
 def test_table_numbers_equal_the_json(rendered):
+    from kvlib.report.common import fmt
+
     page, data, _ = rendered
     rows = page.rows
     assert rows["Model"] == data["model"] and rows["Corpus"] == data["corpus"]
@@ -118,7 +121,7 @@ def test_table_numbers_equal_the_json(rendered):
     assert int(rows["Stored size"].split()[0].replace(",", "")) == data["compression"]["compressed_size_bytes"]
     assert rows["Quality level"] == data["quality_level"]
     assert rows["Scheme"] == data["scheme_name"] == "int4"
-    assert rows["95% CI of the gated delta"] == f"{data['ci_low']:+.4f} to {data['ci_high']:+.4f}"
+    assert rows["95% CI of the gated delta"] == f"{fmt(data['ci_low'], '+.4f')} to {fmt(data['ci_high'], '+.4f')}"
     assert rows["KL divergence (mean / median / p99)"].startswith(f"{data['kld_mean']:.5f} / ")
     assert rows["Top-1 agreement"] == f"{data['top1_agreement']:.2f} %"
     r, a = data["retrieval"]["schemes"][0], data["agreement"]["schemes"][0]

@@ -18,6 +18,8 @@ TIMING = ("seconds", "codec_time_ms", "processing_time_ms", "transform_seconds")
 
 
 def sweep(tiny_dir, store, schemes=("int4", "kivi2"), **kw):
+    """Five windows of 256 at stride 128 on the tiny model: two schemes, ten units."""
+    kw = {"context_length": 256, **kw}
     return run_sweep(list(schemes), model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"),
                      device="cpu", stride=128, max_windows=5, peers=False, verbose=False, results=store, **kw)
 

@@ -15,7 +15,9 @@ from kvlib.scoring.stats import KLDSummary, bootstrap_delta_ci
 from kvlib.runs.sweep import SchemeResult, recommend, run_sweep
 from kvlib.runs.validate import run_full_validation
 
-SMALL = dict(corpus_name="embedded", max_windows=2, context_length=512, stride=256, verbose=False, progress=False)
+# Two windows of 256 (one with a compressed context of 128 tokens): as small as a sweep with a gated window
+# gets; the embedded model itself loads once for the whole test run (conftest).
+SMALL = dict(corpus_name="embedded", max_windows=2, context_length=256, stride=128, verbose=False, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +29,10 @@ def test_sweep_of_two_schemes_and_the_peers(small_sweep):
     r = small_sweep
     names = [s.name for s in r.schemes]
     assert set(names) == {"int4", "kivi4", "hf-quanto-int4", "hf-quanto-int2"}
-    assert r.windows == 2 and r.context_windows == 1 and r.context_scored_tokens == 256
+    assert r.windows == 2 and r.context_windows == 1 and r.context_scored_tokens == 128
     for s in r.schemes:
         assert not s.error
-        assert s.ci_low <= s.context_delta <= s.ci_high
+        assert math.isnan(s.ci_low) and math.isnan(s.ci_high) and not s.robust  # one gated window: no CI
         assert s.kld_mean > 0 and s.kld_median <= s.kld_p99 and 0 < s.top1_agreement <= 100
         assert len(s.layer_key_snr_db) == len(s.layer_value_snr_db) == r.kv_geometry["num_layers"]
         assert s.passed == (s.context_delta < PPL_DELTA_THRESHOLD)
@@ -46,26 +48,42 @@ def test_sweep_of_two_schemes_and_the_peers(small_sweep):
     assert r.recommended == (min(robust, key=lambda s: s.bits_per_element).name if robust else None)
 
 
+def same_numbers(a, b) -> bool:
+    """Equal, NaN (no CI) equal to NaN."""
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+def test_a_sweep_of_enough_windows_has_a_ci_around_its_delta(tiny_dir):
+    """Five gated windows (kvlib.gates.MIN_CI_UNITS) on the tiny model: a real interval that brackets the delta."""
+    from kvlib.gates import MIN_CI_UNITS
+
+    r = run_sweep(["int4"], model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), device="cpu",
+                  context_length=128, stride=64, max_windows=MIN_CI_UNITS + 1, peers=False, verbose=False,
+                  progress=False)
+    s = r.scheme("int4")
+    assert r.context_windows == MIN_CI_UNITS and s.ci_low < s.ci_high
+    assert s.ci_low <= s.context_delta <= s.ci_high and s.robust == (s.passed and s.ci_high < PPL_DELTA_THRESHOLD)
+
+
 def test_sweep_results_equal_single_scheme_runs_exactly(small_sweep):
     one = run_full_validation(codec="kivi4", **SMALL)
     s = small_sweep.scheme("kivi4")
     assert one.context_delta == s.context_delta and one.delta == s.delta
     assert one.compressed_perplexity == s.compressed_perplexity
     assert one.baseline_perplexity == small_sweep.baseline_perplexity
-    assert (one.ci_low, one.ci_high, one.kld_mean, one.top1_agreement) == (s.ci_low, s.ci_high, s.kld_mean,
-                                                                           s.top1_agreement)
+    assert same_numbers((one.ci_low, one.ci_high, one.kld_mean, one.top1_agreement),
+                        (s.ci_low, s.ci_high, s.kld_mean, s.top1_agreement))
     assert one.keys == s.keys and one.compression["sums"] == s.compression["sums"]
 
 
-def test_identity_transform_has_no_divergence(cli):
+def test_identity_transform_has_no_divergence(embedded, cli):
     """The exact cache through the split path: KLD 0 (to float rounding) and top-1 100 %."""
     from kvlib.models import corpus
-    from kvlib.models import sources as models
     from kvlib.scoring.perplexity import score_windows
 
-    lm, tok = models.load_model_and_tokenizer("embedded", device="cpu")
+    lm, tok = embedded
     ids = corpus.tokenize(tok, corpus.load_corpus("embedded"))
-    res = score_windows(lm, ids, 512, 256, {"identity": lambda c: (c, None)}, max_windows=3, progress=False)["identity"]
+    res = score_windows(lm, ids, 256, 128, {"identity": lambda c: (c, None)}, max_windows=3, progress=False)["identity"]
     ctx = [w for w in res.windows if w.compressed]
     assert len(ctx) == 2
     kld = KLDSummary.of([v for w in ctx for v in w.kld])
@@ -77,12 +95,13 @@ def test_identity_transform_has_no_divergence(cli):
 def test_bootstrap_ci_by_hand():
     """Two windows A and B: every resample is AA, AB, BA or BB (25 % each), so the
     95 % percentile interval runs from delta(AA) to delta(BB) exactly."""
-    lo, hi = bootstrap_delta_ci([10.0, 20.0], [11.0, 23.0], [5, 5])
+    lo, hi = bootstrap_delta_ci([10.0, 20.0], [11.0, 23.0], [5, 5], min_units=1)
     assert lo == pytest.approx(math.exp(22 / 10) - math.exp(20 / 10), rel=1e-12)
     assert hi == pytest.approx(math.exp(46 / 10) - math.exp(40 / 10), rel=1e-12)
-    same = bootstrap_delta_ci([7.0] * 4, [8.0] * 4, [3] * 4)  # identical windows: no spread
+    same = bootstrap_delta_ci([7.0] * 4, [8.0] * 4, [3] * 4, min_units=1)  # identical windows: no spread
     assert same[0] == same[1] == pytest.approx(math.exp(8 / 3) - math.exp(7 / 3))
-    assert all(math.isnan(v) for v in bootstrap_delta_ci([], [], []))
+    assert all(math.isnan(v) for v in bootstrap_delta_ci([], [], [], min_units=1))
+    assert all(math.isnan(v) for v in bootstrap_delta_ci([10.0, 20.0], [11.0, 23.0], [5, 5]))  # below MIN_CI_UNITS
     k = KLDSummary.of(np.arange(101.0))
     assert (k.mean, k.median, k.p99, k.tokens) == (50.0, 50.0, 99.0, 101)
 
