@@ -30,7 +30,7 @@ def serial(tiny_dir, tmp_path_factory):
 
 def test_ray_gives_the_serial_result(tiny_dir, tmp_path, cluster, serial):  # noqa: F811
     on_ray = sweep(tiny_dir, tmp_path / "ray", ray=True)
-    assert on_ray.timing["units_computed"] == 10 and on_ray.timing["ray_units_s"] > 0
+    assert on_ray.timing["units_computed"] == 6 and on_ray.timing["ray_units_s"] > 0
     assert numbers(on_ray) == serial
     assert sweep(tiny_dir, tmp_path / "ray", ray=True).timing["units_computed"] == 0  # nothing left to ship
 
@@ -50,7 +50,7 @@ def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, serial, mo
 
     monkeypatch.setattr(executor.RayExecutor, "run", run_and_kill)
     killed_run = sweep(tiny_dir, tmp_path / "killed", ray=True)
-    assert killed and killed_run.timing["units_computed"] == 10
+    assert killed and killed_run.timing["units_computed"] == 6
     assert numbers(killed_run) == serial
 
 

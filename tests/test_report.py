@@ -69,23 +69,19 @@ class _Page(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, cli, embedded):
+def rendered(tmp_path_factory, cli, embedded_dir):
     import nbformat
     import papermill
     from nbconvert import HTMLExporter
 
     out = tmp_path_factory.mktemp("report")
-    # SmolLM2-135M as this run already holds it (the embedded GGUF, dequantized), saved as a Hugging Face
-    # directory: the notebook's kernel loads the same weights in seconds instead of parsing the GGUF again.
-    model_dir = tmp_path_factory.mktemp("smollm2-135m")
-    for part in embedded:
-        part.save_pretrained(model_dir)
     os.environ["TQDM_DISABLE"] = "1"
     executed = out / "validate_perplexity.ipynb"
     papermill.execute_notebook(
         str(NOTEBOOK), str(executed), kernel_name="python3", progress_bar=False,
-        # Two windows of 256 (one gated), two haystacks of 128, two prompts of 64: every cell, smallest inputs.
-        parameters={"model": str(model_dir), "max_windows": 2, "context_length": 256, "stride": 128,
+        # Two windows of 256 (one gated), two haystacks of 128, two prompts of 64: every cell, smallest inputs;
+        # the embedded model from the directory this run saved it to (conftest.embedded_dir: seconds to load).
+        parameters={"model": str(embedded_dir), "max_windows": 2, "context_length": 256, "stride": 128,
                     "output_dir": str(out), "name": "small", "retrieval_lengths": "128", "retrieval_depths": "0,1",
                     "generation_prompts": 2, "generation_context": 64, "generation_tokens": 4},
     )

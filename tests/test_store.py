@@ -18,10 +18,11 @@ TIMING = ("seconds", "codec_time_ms", "processing_time_ms", "transform_seconds")
 
 
 def sweep(tiny_dir, store, schemes=("int4", "kivi2"), **kw):
-    """Five windows of 256 at stride 128 on the tiny model: two schemes, ten units."""
+    """Three windows of 256 at stride 128 on the tiny model (two with a compressed context): two schemes,
+    six units (a window of a scheme each)."""
     kw = {"context_length": 256, **kw}
     return run_sweep(list(schemes), model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"),
-                     device="cpu", stride=128, max_windows=5, peers=False, verbose=False, results=store, **kw)
+                     device="cpu", stride=128, max_windows=3, peers=False, verbose=False, results=store, **kw)
 
 
 def numbers(result) -> str:
@@ -68,9 +69,9 @@ def test_a_store_that_cannot_be_written_fails_before_the_model_loads(tiny_dir, t
 
 def test_resume_add_a_scheme_and_a_finished_run(tiny_dir, tmp_path, monkeypatch):
     whole = sweep(tiny_dir, tmp_path / "whole")
-    assert whole.timing["units_computed"] == 10 and whole.timing["units_reused"] == 0
+    assert whole.timing["units_computed"] == 6 and whole.timing["units_reused"] == 0
 
-    # A run killed after two windows keeps them; the rerun computes the other three.
+    # A run killed after two windows keeps them; the rerun computes the third.
     from kvlib.scoring import units
 
     record, calls = units.ScoringPlan.record, []
@@ -86,12 +87,12 @@ def test_resume_add_a_scheme_and_a_finished_run(tiny_dir, tmp_path, monkeypatch)
         sweep(tiny_dir, tmp_path / "killed")
     monkeypatch.setattr(units.ScoringPlan, "record", record)
     resumed = sweep(tiny_dir, tmp_path / "killed")
-    assert resumed.timing["units_computed"] == 6 and resumed.timing["units_reused"] == 4
+    assert resumed.timing["units_computed"] == 2 and resumed.timing["units_reused"] == 4
     assert numbers(resumed) == numbers(whole)
 
-    # An added scheme: only its own five units.
+    # An added scheme: only its own three units.
     more = sweep(tiny_dir, tmp_path / "killed", schemes=("int4", "kivi2", "q8_0"))
-    assert more.timing["units_computed"] == 5 and more.timing["units_reused"] == 10
+    assert more.timing["units_computed"] == 3 and more.timing["units_reused"] == 6
     assert numbers(more) == numbers(sweep(tiny_dir, tmp_path / "fresh3", schemes=("int4", "kivi2", "q8_0")))
 
     # Everything done: no model loads, the same numbers.
@@ -109,7 +110,7 @@ def test_fresh_and_corrupt_units_are_recomputed(tiny_dir, tmp_path, capsys):
     again = sweep(tiny_dir, tmp_path / "s")
     assert again.timing["units_computed"] == 1 and "recomputing that unit" in capsys.readouterr().err
     assert numbers(again) == numbers(first)
-    assert sweep(tiny_dir, tmp_path / "s", fresh=True).timing["units_computed"] == 10
+    assert sweep(tiny_dir, tmp_path / "s", fresh=True).timing["units_computed"] == 6
 
 
 def test_keys_follow_what_the_numbers_depend_on(tiny_dir, tmp_path):
