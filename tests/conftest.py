@@ -130,24 +130,3 @@ def embedded(embedded_loads_once):
     from kvlib.models import sources
 
     return sources.load_model_and_tokenizer("embedded", device="cpu")
-
-
-@pytest.fixture(scope="session")
-def embedded_dir(embedded, tmp_path_factory):
-    """The embedded model as this run holds it (the GGUF dequantized to float32) saved as a Hugging Face
-    directory, for a process of its own (a notebook kernel): the same weights and tokenizer, loaded in
-    about a second instead of parsing the GGUF again. (transformers will not save_pretrained a model
-    loaded from a GGUF, so config, weights and tokenizer are written one by one.)"""
-    import copy
-
-    from safetensors.torch import save_model
-
-    lm, tok = embedded
-    d = tmp_path_factory.mktemp("smollm2-135m-hf")
-    config = copy.deepcopy(lm.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.save_pretrained(d)
-    save_model(lm, str(d / "model.safetensors"))
-    tok.save_pretrained(d)
-    return d

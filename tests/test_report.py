@@ -69,7 +69,7 @@ class _Page(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, cli, embedded_dir):
+def rendered(tmp_path_factory, cli, embedded):
     import nbformat
     import papermill
     from nbconvert import HTMLExporter
@@ -80,8 +80,8 @@ def rendered(tmp_path_factory, cli, embedded_dir):
     papermill.execute_notebook(
         str(NOTEBOOK), str(executed), kernel_name="python3", progress_bar=False,
         # Two windows of 256 (one gated), two haystacks of 128, two prompts of 64: every cell, smallest inputs;
-        # the embedded model from the directory this run saved it to (conftest.embedded_dir: seconds to load).
-        parameters={"model": str(embedded_dir), "max_windows": 2, "context_length": 256, "stride": 128,
+        # the embedded model as this run dequantized it (kvlib.models.gguf_cache: a second to load).
+        parameters={"model": "embedded", "max_windows": 2, "context_length": 256, "stride": 128,
                     "output_dir": str(out), "name": "small", "retrieval_lengths": "128", "retrieval_depths": "0,1",
                     "generation_prompts": 2, "generation_context": 64, "generation_tokens": 4},
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from kvlib.env import default_device, file_sha256, kvlib_home
+from kvlib.env import default_device, file_sha256
+from kvlib.models import gguf_cache
 from kvlib.models.zoo import EMBEDDED, EMBEDDED_ZOO_NAME, ZOO
 from kvlib.models.zoo import fetch as zoo_fetch
 
@@ -59,9 +59,11 @@ class Source:
         """(model, tokenizer) on the CPU; a local model is named as the user named it."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(src.path, **kw)
-        lm = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype, **kw)
+        if src.gguf_file:
+            lm, tokenizer = gguf_cache.model_and_tokenizer(src.path, src.gguf_file, dtype)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(src.path)
+            lm = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype)
         lm.config._name_or_path = src.display_name
         return lm, tokenizer
 
@@ -240,42 +242,18 @@ def context_length(model: Any, cap: int = 2048) -> int:
 def load_tokenizer_and_config(model: str = EMBEDDED) -> tuple[Any, Any]:
     """The tokenizer and config alone (no weights): enough to name a run's units before
     deciding whether the model must load at all. A GGUF's are read from it once (seconds)
-    and kept under ``$KVLIB_HOME/tokenizers/<its sha256>``."""
+    and kept under ``$KVLIB_HOME/tokenizers/<its sha256>`` (``kvlib.models.gguf_cache``)."""
     from transformers import AutoConfig, AutoTokenizer
 
     src = resolve_model(model)
     try:
         if src.gguf_file:
-            return _cached_gguf_tokenizer(src)
+            return gguf_cache.tokenizer_and_config(src.path, src.gguf_file)
         return AutoTokenizer.from_pretrained(src.path), AutoConfig.from_pretrained(src.path)
     except OSError as e:
         raise OSError(f"cannot load the tokenizer of {model!r}: {e}") from e
     except ValueError as e:
         raise ValueError(f"cannot load model {model!r} ({src.kind}): {' '.join(str(e).split())[:300]}") from e
-
-
-def _cached_gguf_tokenizer(src: ModelSource) -> tuple[Any, Any]:
-    import shutil
-    import tempfile
-
-    from transformers import AutoConfig, AutoTokenizer
-
-    cache = kvlib_home() / "tokenizers" / file_sha256(Path(src.path) / src.gguf_file)
-    if not (cache / "config.json").is_file():
-        tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
-        cfg = AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache.parent))
-        try:
-            tok.save_pretrained(tmp)
-            cfg.save_pretrained(tmp)  # config.json last: its presence marks a whole entry
-            os.replace(tmp, cache)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not (cache / "config.json").is_file():
-                return tok, cfg
-        return tok, cfg
-    return AutoTokenizer.from_pretrained(cache), AutoConfig.from_pretrained(cache)
 
 
 class LazyModel:
