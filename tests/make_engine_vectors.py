@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import engine_reference as er
+import vllm_reference as vr
 from kvq_reference import decode, encode, to_bf16_bits
 
 OUT = Path(__file__).parent / "vectors" / "engine_vectors.json"
@@ -88,6 +89,11 @@ def run_case(c: dict) -> dict:
         if "error" in c:
             continue
         x = decode(t["raw"], t["dtype"])
+        if fmt.startswith("vllm:"):  # rotate holds the static scale of a per-tensor format
+            raw, y = vr.compress_tensor(x.reshape(t["shape"]), fmt.split(":")[1], rotate)
+            out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
+                       non_finite=int(np.sum(~np.isfinite(y))), saturated=vr.saturated(x, fmt.split(":")[1], rotate))
+            continue
         if fmt == "none":
             out.update(parts={".codes": t["raw"].hex()}, restored_hex=t["raw"].hex())
             continue
@@ -188,6 +194,53 @@ def _cases() -> list[dict]:
     # head_dim 80 is fine for f16, which has no blocks
     t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
     cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
+    return cases + _vllm_cases(rng)
+
+
+def _vllm_cases(rng) -> list[dict]:
+    """vLLM 0.33.0's formats (tests/vllm_reference.py): every format on F32, F16 and BF16 caches with
+    head_dim 64, 128 and 256 (outlier key channels, an all-zero token-head), scale 1 and a calibrated
+    scale, values past the range, K and V set apart, layers skipped, and the refusals."""
+    cases = []
+
+    def both_roles(name, spec, fmts, dtype, shape, xs=None):
+        ts = [tensor(f"layer_0_{r}", kv(rng, shape, r) if xs is None else xs[r], dtype) for r in ("key", "value")]
+        cases.append(dict(name=name, spec=spec, tensors=ts, schemes=dict(zip((t["name"] for t in ts), fmts))))
+
+    for fmt in vr.FORMATS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                both_roles(f"vllm_{fmt}_{dtype.lower()}_hd{hd}", f"vllm:{fmt}", [(f"vllm:{fmt}", 1.0)] * 2, dtype,
+                           [1, 2, 2 if hd < 256 else 1, hd])
+    # A calibrated per-tensor scale (amax / 448 of the keys, as a float32), K and V apart.
+    for fmt in vr.PER_TENSOR:
+        x = {r: kv(rng, [1, 2, 3, 128], r) * F32(20) for r in ("key", "value")}
+        ks, vs = (float(F32(np.max(np.abs(x[r])) / F32(vr.FP8[fmt][1]))) for r in ("key", "value"))
+        spec = f"k=vllm:{fmt}/scale{F32(ks)!r},v=vllm:{fmt}/scale{F32(vs)!r}".replace("np.float32(", "").replace(")", "")
+        both_roles(f"vllm_{fmt}_calibrated", spec, [(f"vllm:{fmt}", ks), (f"vllm:{fmt}", vs)], "F32", [1, 2, 3, 128], x)
+    # Past the range with scale 1 (keys beyond +-448 saturate; fp8_e5m2 holds them), subnormals, ties.
+    edge = np.array([1e5, -1e5, 448, 464, 465, -480, 57344, 61440, 7e4, 3.3e38, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11,
+                     2.0 ** -16, 2.0 ** -17, 1e-30, -0.0, 0.0, 1.0625, 1.1875, 17, 19, 0.3, -0.7] * 4 + [0.0] * 32, F32)
+    for fmt in vr.FORMATS:
+        x = edge.reshape(1, 1, 2, 64)
+        cases.append(dict(name=f"vllm_{fmt}_past_the_range", spec=f"vllm:{fmt}", tensors=[tensor("layer_0_key", x, "F32")],
+                          schemes={"layer_0_key": (f"vllm:{fmt}", 1.0)}))
+    # K and V formats apart, and layers skipped (--kv-cache-dtype-skip-layers 0 is kv0=none).
+    both_roles("vllm_per_role", "k=vllm:fp8_e4m3,v=vllm:int8_per_token_head", [("vllm:fp8_e4m3", 1.0), ("vllm:int8_per_token_head", 1.0)],
+               "BF16", [1, 2, 3, 128])
+    ts = [tensor(f"layer_{i}_{r}", kv(rng, [1, 2, 2, 64], r), "F16") for i in range(3) for r in ("key", "value")]
+    cases.append(dict(name="vllm_skip_layer_0", spec="vllm:fp8_per_token_head,k0=none,v0=none", tensors=ts,
+                      schemes={t["name"]: ("none", False) if t["name"][6] == "0" else ("vllm:fp8_per_token_head", 1.0) for t in ts}))
+    errs = [
+        ("vllm_per_head_needs_4d", "vllm:int8_per_token_head", [64], "needs a 4-D"),
+        ("vllm_fp8_nan", "vllm:fp8_e4m3", [8], "NaN or Inf cannot be quantized"),
+        ("vllm_per_head_inf", "vllm:fp8_per_token_head", [1, 1, 2, 64], "NaN or Inf cannot be quantized"),
+    ]
+    for name, spec, shape, msg in errs:
+        x = rng.standard_normal(shape).astype(F32)
+        if "nan" in name or "inf" in name:
+            x.reshape(-1)[3] = np.nan if "nan" in name else np.inf
+        cases.append(dict(name=name, spec=spec, tensors=[tensor("t", x, "F32")], schemes={"t": (None, True)}, error=msg))
     return cases
 
 
@@ -252,7 +305,7 @@ def _rotations() -> list[dict]:
 
 def build() -> dict:
     return {"format": "kvq", "engine": "llama.cpp",
-            "engine_version": "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36",
+            "engine_version": "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36", "vllm_version": vr.VERSION,
             "cases": [run_case(c) for c in _cases()], "blocks": _blocks(), "rotations": _rotations()}
 
 

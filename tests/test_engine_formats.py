@@ -93,9 +93,10 @@ def test_cli_reproduces_engine_vectors(case, cli, tmp_path):
     _, parts = _read(kvq)
     for t, tr in zip(case["tensors"], report["tensors"]):
         assert parts[t["name"] + ".codes"].hex() == t["parts"][".codes"], t["name"]
-        if "rotation_size" in t:  # an engine format: the report says what the rotation did
-            assert tr.get("rotation_size", 0) == t["rotation_size"] and tr["rotation"].startswith(("on", "off"))
-            assert tr.get("non_finite", 0) == t["non_finite"]
+        if "rotation_size" in t:  # an engine format: the report says what the rotation did (llama.cpp's)
+            assert tr.get("rotation_size", 0) == t["rotation_size"] and tr.get("non_finite", 0) == t["non_finite"]
+            assert tr.get("saturated", 0) == t.get("saturated", 0)
+            assert tr["rotation"].startswith(("on", "off")) if not t["format"].startswith("vllm:") else "rotation" not in tr
     assert set(parts) == {t["name"] + ".codes" for t in case["tensors"]}
     proc = subprocess.run([cli, "decompress", "-input", str(kvq), "-output", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -115,7 +116,7 @@ def test_schemes_lists_the_engine_formats(cli):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("vllm:fp8", 'unknown engine "vllm"'), ("llama.cpp:q3_k", 'llama.cpp has no KV-cache format "q3_k"'),
+    ("sglang:fp8_e4m3", 'unknown engine "sglang"'), ("vllm:fp8/scale0", "positive finite float32 scale"), ("llama.cpp:q3_k", 'llama.cpp has no KV-cache format "q3_k"'),
     ("llama.cpp:f16/rot", "never rotated"), ("llama.cpp:q4_0/g64", "blocks of 32"), ("none/rot", "unchanged"),
 ])
 def test_bad_engine_specs_are_one_line(spec, words, cli):
@@ -259,7 +260,7 @@ def test_c_harness_reproduces_the_vectors(harness):
         if "error" in c:
             continue
         for t in c["tensors"]:
-            if "rotation_size" not in t:  # none
+            if "rotation_size" not in t or t["format"].startswith("vllm:"):  # none, and vLLM's (tests/test_vllm_formats.py)
                 continue
             fmt, x = t["format"], decode(bytes.fromhex(t["input_hex"]), t["dtype"])
             raw, y = _run_c(harness, fmt, t["rotation_size"], x)
@@ -385,7 +386,9 @@ def test_cli_is_libggml(fmt, cli, libggml, tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["llama.cpp:q4_0", "llama.cpp:q4_0/norot", "k=llama.cpp:q8_0,v=llama.cpp:iq4_nl",
-                                  "k=llama.cpp:f16,v=llama.cpp:q4_0/norot,kv0-1=none", "int4,k3=llama.cpp:q8_0"])
+                                  "k=llama.cpp:f16,v=llama.cpp:q4_0/norot,kv0-1=none", "int4,k3=llama.cpp:q8_0",
+                                  "vllm:fp8", "k=vllm:fp8_e4m3/scale0.0123,v=vllm:fp8_e5m2/scale2.5e-05",
+                                  "vllm:fp8/scale1e+06", "vllm:int8_per_token_head,kv0=none"])
 def test_python_spells_engine_specs_as_the_cli(spec):
     """CodecConfig.spec is the CLI's canonical spelling for engine formats and the identity too."""
     from kvlib.codec.spec import _check, resolve_codec

@@ -34,6 +34,7 @@ class Scheme:
     outliers: float = 0.0  # fraction of largest |x| kept apart as FP16
     residual: int = 0  # last tokens kept exact
     sparsity: float = 0.0  # fraction of smallest |x| zeroed first
+    scale: float = 0.0  # an engine format's static per-tensor scale (vllm:fp8_e4m3: 1 unless /scaleS); 0 otherwise
 
     @property
     def spec(self) -> str:
@@ -41,7 +42,9 @@ class Scheme:
         if self.method == "none":
             return "none"
         if ":" in self.method:  # an engine's format (engine:format): rotated as the engine does unless /norot
-            s = self.method + ("/norot" if self.bits < 16 and not self.rotate else "")
+            s = self.method + ("/norot" if self.method.startswith("llama.cpp:") and self.bits < 16 and not self.rotate else "")
+            if self.scale not in (0, 1):
+                s += f"/scale{_float32(self.scale)}"
         elif self.method.startswith("q"):
             s = self.method
         else:
@@ -55,6 +58,18 @@ class Scheme:
         if self.sparsity:
             s += f"/sp{_num(self.sparsity)}"
         return s
+
+
+def _float32(v: float) -> str:
+    """Go's strconv.FormatFloat(v, 'g', -1, 32): the shortest digits of the float32, positional for
+    exponents -4 to 5."""
+    import numpy as np
+
+    f = np.float32(v)
+    exp = int(np.format_float_scientific(f, unique=True).split("e")[1])
+    if -4 <= exp < 6:
+        return np.format_float_positional(f, unique=True, trim="-")
+    return np.format_float_scientific(f, unique=True, trim="-")
 
 
 def _num(v: float) -> str:

@@ -2,7 +2,9 @@ package compression
 
 import (
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -21,16 +23,24 @@ type engine struct {
 	version string // the release the arithmetic follows
 	flag    string // how a user picks a format, with %s for the format (and %s again)
 	formats []*engineFormat
+	// detail says what ran against what for a format's evidence level.
+	detail func(f *engineFormat) string
 }
 
 // An engineFormat is one of an engine's cache formats.
 type engineFormat struct {
-	engine   *engine
-	name     string // as the engine's flag spells it
-	bits     int    // code width (f16: 16)
-	elems    int    // elements per block: 32, or 1 for an unblocked type
-	bytes    int    // bytes per block
-	rotates  bool   // the engine rotates it by default (a quantized llama.cpp type)
+	engine  *engine
+	name    string // as the engine's flag spells it
+	bits    int    // code width (f16: 16)
+	elems   int    // elements per block: 32, or 1 for an unblocked type
+	bytes   int    // bytes per block
+	rotates bool   // the engine rotates it by default (a quantized llama.cpp type)
+	// perHead: one block per head vector of each token (elems and bytes
+	// unset: head_dim codes of bits/8 bytes, then a float32 scale).
+	perHead bool
+	// scaled: a static per-tensor scale, the scheme's Scale (default 1),
+	// divides the values before the conversion and multiplies them after.
+	scaled   bool
 	evidence string // "executed" or "read" (see evidenceOf)
 	source   string // where its arithmetic is, for kv-compress schemes
 	// quantize writes one block of x (elems values) into dst (bytes
@@ -59,7 +69,7 @@ const (
 )
 
 // engines lists the engines, in the order kv-compress schemes shows them.
-var engines = []*engine{llamaCpp}
+var engines = []*engine{llamaCpp, vllm}
 
 // engineMethods are the quantizers of every engine format, and the
 // identity scheme none, looked up by quantizerOf after methods.
@@ -112,8 +122,16 @@ func parseEngineBase(base string) (Scheme, error) {
 
 // engineScheme is format f's scheme with the engine's defaults.
 func engineScheme(f *engineFormat) Scheme {
-	return Scheme{Method: f.method(), Bits: f.bits, Group: f.elems, Axis: Token, Rotate: f.rotates}
+	s := Scheme{Method: f.method(), Bits: f.bits, Group: f.elems, Axis: Token, Rotate: f.rotates}
+	if f.scaled {
+		s.Scale = 1
+	}
+	return s
 }
+
+// headBytes is the bytes of one head vector of d elements of a
+// per-token-head format: its codes and a float32 scale.
+func (f *engineFormat) headBytes(d int) int { return d*f.bits/8 + 4 }
 
 // validateEngine checks a scheme of an engine format: its width and
 // block are the format's, and only the engine's own switch is set.
@@ -126,6 +144,10 @@ func (s Scheme) validateEngine(f *engineFormat) error {
 		return fmt.Errorf("%s is the engine's format as it ships: it takes no outliers, residual or sparsity", s.Method)
 	case s.Rotate && !f.rotates:
 		return fmt.Errorf("%s is never rotated by the engine (its rotation is for quantized cache types)", s.Method)
+	case f.scaled && !(s.Scale > 0 && s.Scale <= math.MaxFloat32):
+		return fmt.Errorf("%s takes a positive finite float32 scale (/scaleS, default 1), got %g", s.Method, s.Scale)
+	case !f.scaled && s.Scale != 0:
+		return fmt.Errorf("%s computes its own scales: it takes no /scale", s.Method)
 	}
 	return nil
 }
@@ -133,8 +155,11 @@ func (s Scheme) validateEngine(f *engineFormat) error {
 // engineString is an engine scheme's canonical spelling: the name, and
 // /norot where the engine would rotate and the scheme does not.
 func (s Scheme) engineString(f *engineFormat) string {
-	if f.rotates && !s.Rotate {
+	switch {
+	case f.rotates && !s.Rotate:
 		return string(s.Method) + "/norot"
+	case f.scaled && s.Scale != 1:
+		return string(s.Method) + "/scale" + strconv.FormatFloat(s.Scale, 'g', -1, 32)
 	}
 	return string(s.Method)
 }
@@ -249,9 +274,12 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 		for _, f := range e.formats {
 			s := both(engineScheme(f))
 			info := EngineFormatInfo{SchemeInfo: SchemeReport("", s), Engine: e.name, Format: f.name, EngineVersion: e.version,
-				Flags: strings.ReplaceAll(e.flag, "%s", f.name), Evidence: f.evidence, EvidenceDetail: evidenceDetail(f), Source: f.source}
+				Flags: strings.ReplaceAll(e.flag, "%s", f.name), Evidence: f.evidence, EvidenceDetail: e.detail(f), Source: f.source}
 			info.Rotation = "none: the engine never rotates this type"
-			if f.rotates {
+			switch {
+			case f.scaled:
+				info.Rotation = "none; a static per-tensor scale: /scaleS (default 1, the flag alone with no scales in the checkpoint)"
+			case f.rotates:
 				info.Rotation = "on by default (K: Hadamard of the largest power of two >= 64 dividing head_dim; V: 64; " +
 					"only when head_dim % 64 == 0); /norot is LLAMA_ATTN_ROT_DISABLE=1"
 			}

@@ -22,8 +22,9 @@ const engineVectorsPath = "../../../tests/vectors/engine_vectors.json"
 
 type engineTensor struct {
 	v2Tensor
-	RotationSize int `json:"rotation_size"`
-	NonFinite    int `json:"non_finite"`
+	RotationSize int   `json:"rotation_size"`
+	NonFinite    int   `json:"non_finite"`
+	Saturated    int64 `json:"saturated"`
 }
 
 type engineVectors struct {
@@ -119,6 +120,9 @@ func TestEngineVectors(t *testing.T) {
 					t.Errorf("%s: reconstruction differs from the reference", tv.Name)
 				}
 				tr := res.Report.Tensors[i]
+				if tr.Saturated != tv.Saturated {
+					t.Errorf("%s: %d saturated, want %d", tv.Name, tr.Saturated, tv.Saturated)
+				}
 				if tr.RotationSize != tv.RotationSize || tr.NonFinite != tv.NonFinite {
 					t.Errorf("%s: rotation %d (%s), %d non-finite; want %d, %d", tv.Name, tr.RotationSize, tr.Rotation, tr.NonFinite,
 						tv.RotationSize, tv.NonFinite)
@@ -250,6 +254,13 @@ func TestParseEngineSpecs(t *testing.T) {
 		{`{"key": {"method": "llama.cpp:q4_0"}, "value": {"method": "llama.cpp:q8_0", "rotate": false}}`,
 			"k=llama.cpp:q4_0,v=llama.cpp:q8_0/norot"},
 		{`{"key": {"method": "none"}, "value": {"method": "llama.cpp:f16"}}`, "k=none,v=llama.cpp:f16"},
+		{"vllm:fp8_e4m3", "vllm:fp8_e4m3"},
+		{"vllm:fp8/scale1", "vllm:fp8"},
+		{"vllm:fp8_e5m2/scale0.1", "vllm:fp8_e5m2/scale0.1"},
+		{"vllm:fp8_e4m3/scale0.1000000001", "vllm:fp8_e4m3/scale0.1"}, // the float32 the engine loads
+		{"k=vllm:fp8_e4m3/scale2.5,v=vllm:fp8_e4m3,k0-1=none", "k=vllm:fp8_e4m3/scale2.5,v=vllm:fp8_e4m3,k0-1=none"},
+		{"vllm:int8_per_token_head,kv3=vllm:fp8_per_token_head", "vllm:int8_per_token_head,k3=vllm:fp8_per_token_head,v3=vllm:fp8_per_token_head"},
+		{`{"key": {"method": "vllm:fp8"}, "value": {"method": "vllm:fp8_e5m2", "scale": 0.25}}`, "k=vllm:fp8,v=vllm:fp8_e5m2/scale0.25"},
 	} {
 		s, err := ParseSpec(tc.in)
 		if err != nil {
@@ -270,7 +281,15 @@ func TestParseEngineSpecs(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"vllm:fp8_e4m3", `unknown engine "vllm" in "vllm:fp8_e4m3" (engines: llama.cpp)`},
+		{"sglang:fp8_e4m3", `unknown engine "sglang" in "sglang:fp8_e4m3" (engines: llama.cpp, vllm)`},
+		{"vllm:fp8/scale0", "vllm:fp8 takes a positive finite float32 scale"},
+		{"vllm:fp8/scale-1", "vllm:fp8 takes a positive finite float32 scale"},
+		{"vllm:fp8/scale1e39", "vllm:fp8 takes a positive finite float32 scale"},
+		{"vllm:fp8/scalex", `option "scalex": not a finite number`},
+		{"vllm:int8_per_token_head/scale2", "computes its own scales"},
+		{"int4/scale2", "/scale is an engine format's static scale"},
+		{"vllm:fp8_e4m3/rot", "never rotated"},
+		{"vllm:fp8_inc", `vllm has no KV-cache format "fp8_inc"`},
 		{"llama.cpp:q3_k", `llama.cpp has no KV-cache format "q3_k" (its formats: f16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl)`},
 		{"llama.cpp:Q4_0", `llama.cpp has no KV-cache format "Q4_0"`},
 		{"llama.cpp:", `llama.cpp has no KV-cache format ""`},
@@ -285,7 +304,7 @@ func TestParseEngineSpecs(t *testing.T) {
 		{"none/g32", "none stores the tensor unchanged"},
 		{"llama.cpp:q4_0,k0=llama.cpp:q9_0", `layers 0 key: llama.cpp has no KV-cache format "q9_0"`},
 		{`{"key": {"method": "llama.cpp:q4_0", "bits": 8}}`, "got bits 8"},
-		{`{"key": {"method": "vllm:fp8"}}`, `unknown method "vllm:fp8"`},
+		{`{"key": {"method": "vllm:fp9"}}`, `unknown method "vllm:fp9"`},
 	} {
 		_, err := ParseSpec(tc.in)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
@@ -359,11 +378,25 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 7 {
+	if all, err := EngineReport("all"); err != nil || len(all) != 12 {
 		t.Errorf("all: %d, %v", len(all), err)
 	}
-	if _, err := EngineReport("vllm"); err == nil || err.Error() != `unknown engine "vllm" (engines: llama.cpp, or all)` {
-		t.Errorf("vllm: %v", err)
+	if _, err := EngineReport("sglang"); err == nil || err.Error() != `unknown engine "sglang" (engines: llama.cpp, vllm, or all)` {
+		t.Errorf("sglang: %v", err)
+	}
+	rows, err = EngineReport("vllm")
+	want := []struct {
+		format string
+		bits   float64
+	}{{"fp8", 8}, {"fp8_e4m3", 8}, {"fp8_e5m2", 8}, {"int8_per_token_head", 8.25}, {"fp8_per_token_head", 8.25}}
+	if err != nil || len(rows) != len(want) {
+		t.Fatalf("vllm: %d rows, %v", len(rows), err)
+	}
+	for i, r := range rows {
+		if r.Format != want[i].format || r.KeyBits != want[i].bits || r.Flags != "--kv-cache-dtype "+r.Format ||
+			!strings.Contains(r.EngineVersion, "0.33.0") || r.Evidence != EvidenceRead || r.Source == "" {
+			t.Errorf("vllm row %d: %+v", i, r)
+		}
 	}
 }
 

@@ -42,6 +42,10 @@ type layout struct {
 	rot      int
 	llamaRot bool
 	esz      int // bytes per source element (none stores them)
+	// group is the elements of a group (the scheme's, or for an engine's
+	// per-token-head format the tensor's head_dim); blockElems and
+	// blockBytes are a block type's elements and bytes per block.
+	group, blockElems, blockBytes int
 }
 
 // chunkTarget is about how many elements one goroutine takes at a time.
@@ -92,13 +96,23 @@ func newLayout(shape []int, s Scheme, dt safetensors.DType, rot int) (*layout, e
 		l.units = 0
 	}
 	l.nq = l.unitQ * l.units
-	if !l.q.packed() && l.nq%l.q.block.blockElems() != 0 {
-		return nil, fmt.Errorf("%s needs a multiple of %d quantized elements, tensor has %d", s.Method, l.q.block.blockElems(), l.nq)
-	}
 	group := s.Group
 	if l.q.identity {
 		group = 1 // none has no groups; its chunks align like single elements
 	}
+	if !l.q.packed() {
+		l.blockElems, l.blockBytes = l.q.block.blockElems(), l.q.block.blockSize
+		if f := l.q.engine; f != nil && f.perHead {
+			if !l.fourD {
+				return nil, fmt.Errorf("%s has one scale per token and head and needs a 4-D [batch, heads, tokens, head_dim] tensor, shape is %v", s.Method, shape)
+			}
+			group, l.blockElems, l.blockBytes = l.d, l.d, f.headBytes(l.d)
+		}
+		if l.nq%l.blockElems != 0 {
+			return nil, fmt.Errorf("%s needs a multiple of %d quantized elements, tensor has %d", s.Method, l.blockElems, l.nq)
+		}
+	}
+	l.group = group
 	switch {
 	case l.nq == 0:
 	case s.Axis == Channel:
@@ -165,7 +179,7 @@ func (l *layout) codeBytes() int {
 	case l.q.identity:
 		return l.nq * l.esz
 	case !l.q.packed():
-		return l.nq / l.q.block.blockElems() * l.q.block.blockSize
+		return l.nq / l.blockElems * l.blockBytes
 	}
 	return PackedLen(l.nq, l.s.Bits)
 }
@@ -194,8 +208,8 @@ func (l *layout) eachGroup(qlo, qhi int, fn func(gs, ge, gi int) error) error {
 	for r := qlo; r < qhi; {
 		row := r / l.rowLen
 		rs := row * l.rowLen
-		k := (r - rs) / l.s.Group
-		ge := min(rs+(k+1)*l.s.Group, rs+l.rowLen)
+		k := (r - rs) / l.group
+		ge := min(rs+(k+1)*l.group, rs+l.rowLen)
 		if err := fn(r-qlo, ge-qlo, row*l.gpr+k); err != nil {
 			return err
 		}

@@ -52,6 +52,7 @@ var llamaCpp = &engine{
 	name:    "llama.cpp",
 	version: "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36",
 	flag:    "-ctk %s -ctv %s",
+	detail:  llamaEvidenceDetail,
 	formats: []*engineFormat{
 		{name: "f16", bits: 16, elems: 1, bytes: 2, evidence: EvidenceExecuted,
 			source:   "ggml/src/ggml-cpu/ggml-cpu.c:3480-3511 (ggml_cpu_fp32_to_fp16, F16C)",
@@ -78,8 +79,8 @@ var llamaCpp = &engine{
 	},
 }
 
-// evidenceDetail says what ran against what for a format's evidence.
-func evidenceDetail(f *engineFormat) string {
+// llamaEvidenceDetail says what ran against what for a format's evidence.
+func llamaEvidenceDetail(f *engineFormat) string {
 	const harness = "tests/test_engine_formats.py: the engine's C (verbatim excerpts in tests/engine_harness, " +
 		"compiled with the engine's flags) on the same bytes; with LLAMA_CPP_DIR, the built libggml's set_rows graph, rotation included"
 	switch f.name {
@@ -530,16 +531,16 @@ func ggmlDequantizer(m Method) func(src []byte, dst []float32) {
 // encodeEngine and decodeEngine are the engine formats' entries: block
 // gi of the job's codes.
 func (j *tensorJob) encodeEngine(x []float32, _ []int8, gi int) error {
-	f := j.l.q.engine
-	if f.quantize(x, j.codes[gi*f.bytes:(gi+1)*f.bytes]) && j.l.rot == 0 {
+	f, bb := j.l.q.engine, j.l.blockBytes
+	if f.quantize(x, j.codes[gi*bb:(gi+1)*bb]) && j.l.rot == 0 {
 		return ErrNotFinite // the engine would store it; kv-compress refuses a cache with NaN or Inf
 	}
 	return nil // after the rotation, an Inf its sums made: stored as the engine stores it
 }
 
 func (j *tensorJob) decodeEngine(y []float32, _ []int8, gi int) error {
-	f := j.l.q.engine
-	f.dequantize(j.codes[gi*f.bytes:(gi+1)*f.bytes], y)
+	f, bb := j.l.q.engine, j.l.blockBytes
+	f.dequantize(j.codes[gi*bb:(gi+1)*bb], y)
 	return nil
 }
 

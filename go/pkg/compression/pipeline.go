@@ -230,6 +230,9 @@ type tensorJob struct {
 	// (from a value or scale past its range, as the engine does).
 	rotation  *RotationInfo
 	nonFinite []int
+	// saturated counts the values a static-scale format clamped to its
+	// largest finite value (|x / scale| beyond it), as the engine does.
+	saturated atomic.Int64
 }
 
 // MaxReportedHeads bounds the per-head statistics of one tensor.

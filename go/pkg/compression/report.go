@@ -90,6 +90,10 @@ type TensorReport struct {
 	Rotation     string `json:"rotation,omitempty"`
 	RotationSize int    `json:"rotation_size,omitempty"`
 	NonFinite    int    `json:"non_finite,omitempty"`
+	// Saturated: values a static per-tensor scale put beyond the format's
+	// largest finite value, which the engine stores as that value
+	// (vllm:fp8_e4m3 with scale 1: keys beyond ±448).
+	Saturated int64 `json:"saturated,omitempty"`
 }
 
 // LosslessSizes is the stored size without the lossless stage, against
@@ -210,6 +214,7 @@ func (r *Report) addTensor(j *tensorJob, acc *Accumulator, heads []Accumulator, 
 	for _, n := range j.nonFinite {
 		tr.NonFinite += n
 	}
+	tr.Saturated = j.saturated.Load()
 	for h := range heads {
 		tr.HeadSums = append(tr.HeadSums, sumsOf(&heads[h]))
 		tr.HeadRMSE = append(tr.HeadRMSE, Float(heads[h].RMSE()))
@@ -290,12 +295,19 @@ type SchemeInfo struct {
 	ValueBits   float64    `json:"value_bits_per_element"` // (measured sizes come from compress)
 }
 
+// NominalHeadDim is the head_dim nominal sizes assume where a format's
+// cost depends on it (a per-token-head scale: 8 + 32/128 bits).
+const NominalHeadDim = 128
+
 // NominalBits is the storage cost per element of a scheme's codes and
 // per-group parameters, before outliers and residual tokens.
 func (s Scheme) NominalBits() float64 {
 	q := quantizerOf(s.Method)
 	if q != nil && q.identity {
 		return 16 // nominal: a 16-bit cache (F32 sources store 32)
+	}
+	if q != nil && q.engine != nil && q.engine.perHead {
+		return float64(q.engine.headBytes(NominalHeadDim)*8) / NominalHeadDim
 	}
 	if q != nil && !q.packed() {
 		return float64(8*q.block.blockSize) / float64(q.block.blockElems())

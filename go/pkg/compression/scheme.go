@@ -39,6 +39,10 @@ type Scheme struct {
 	Outliers float64 `json:"outliers"` // fraction of largest |x| kept apart as FP16
 	Residual int     `json:"residual"` // last tokens kept exact in the source dtype
 	Sparsity float64 `json:"sparsity"` // fraction of smallest |x| zeroed first
+	// Scale is an engine format's static per-tensor scale (vllm:fp8_e4m3:
+	// the checkpoint's k_scale or v_scale, 1 without one), a float32
+	// value; 0 (left out) for every other scheme.
+	Scale float64 `json:"scale,omitempty"`
 }
 
 // Validate checks every field; the error names the field.
@@ -66,6 +70,9 @@ func (s Scheme) Validate() error {
 	}
 	if s.Axis != Token && s.Axis != Channel {
 		return fmt.Errorf("unknown axis %q (want token or channel)", s.Axis)
+	}
+	if s.Scale != 0 {
+		return fmt.Errorf("/scale is an engine format's static scale (vllm:fp8_e4m3/scale0.02); %s computes its own", s.Method)
 	}
 	if s.Rotate && s.Axis != Token {
 		return fmt.Errorf("rotation works along the token axis only")
@@ -276,7 +283,7 @@ func DefaultSpec() Spec { return presetByName[DefaultPreset] }
 //	scheme = preset | base { "/" option }
 //	base   = ("sym" | "symf" | "asym" | "lm") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
 //	       | "none" | engine ":" format
-//	option = "g" N | "token" | "channel" | "rot" | "norot" | "out" P | "res" N | "sp" P
+//	option = "g" N | "token" | "channel" | "rot" | "norot" | "out" P | "res" N | "sp" P | "scale" S
 //
 // (a preset inside k= or v= gives that role's scheme, and may take options;
 // engine ":" format is an engine's cache format as the engine names it,
@@ -448,8 +455,12 @@ func (s *Scheme) setOption(opt string) error {
 		s.Residual, err = integer("res")
 	case strings.HasPrefix(opt, "sp"):
 		s.Sparsity, err = num("sp")
+	case strings.HasPrefix(opt, "scale"): // held as the float32 the engine loads
+		var v float64
+		v, err = num("scale")
+		s.Scale = float64(float32(v))
 	default:
-		return fmt.Errorf("unknown option %q (want gN, token, channel, rot, norot, outP, resN, spP)", opt)
+		return fmt.Errorf("unknown option %q (want gN, token, channel, rot, norot, outP, resN, spP, scaleS)", opt)
 	}
 	return err
 }

@@ -262,7 +262,7 @@ func TestParseSpecJSONDefaults(t *testing.T) {
 func TestParseSpecJSONErrors(t *testing.T) {
 	cases := []struct{ spec, want string }{
 		{`{"kee": {}}`, `unknown field "kee" (want key, value, layers, lossless)`},
-		{`{"key": {"bitz": 4}}`, `unknown field "key.bitz" (want method, bits, group, axis, rotate, outliers, residual, sparsity)`},
+		{`{"key": {"bitz": 4}}`, `unknown field "key.bitz" (want method, bits, group, axis, rotate, outliers, residual, sparsity, scale)`},
 		{`{"key": {"Method": "sym"}}`, `unknown field "key.Method"`},
 		{`{"layers": [{"layer": 0, "role": "key", "scheme": {}, "x": 1}]}`, `unknown field "layers[0].x" (want layer, role, scheme)`},
 		{`{"layers": [{"layer": 0, "role": "key", "scheme": {"grup": 8}}]}`, `unknown field "layers[0].scheme.grup"`},

@@ -83,6 +83,7 @@ func decodeScheme(raw json.RawMessage, path string) (Scheme, error) {
 	given, err := decodeObject(raw, path, []jsonField{
 		{"method", &s.Method}, {"bits", &s.Bits}, {"group", &s.Group}, {"axis", &s.Axis},
 		{"rotate", &s.Rotate}, {"outliers", &s.Outliers}, {"residual", &s.Residual}, {"sparsity", &s.Sparsity},
+		{"scale", &s.Scale},
 	})
 	if err != nil {
 		return Scheme{}, err
@@ -103,6 +104,10 @@ func decodeScheme(raw json.RawMessage, path string) (Scheme, error) {
 	if !given["rotate"] { // an engine's default (llama.cpp's quantized types rotate)
 		s.Rotate = def.Rotate
 	}
+	if !given["scale"] { // an engine's static scale: 1 without one (vLLM's fp8)
+		s.Scale = def.Scale
+	}
+	s.Scale = float64(float32(s.Scale)) // the float32 the engine holds, as /scaleS
 	return s, nil
 }
 

@@ -1,0 +1,92 @@
+package compression
+
+import (
+	"math"
+	"testing"
+)
+
+// Every finite float8 value converts to its own code; a value halfway
+// between two neighbours goes to the even code; beyond the largest
+// finite value, and at ±Inf, the largest (satfinite).
+func TestFP8EncodeIsRoundToNearestEvenSaturating(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    *fp8Format
+		top  float32
+	}{{"e4m3", fp8E4M3, 448}, {"e5m2", fp8E5M2, 57344}} {
+		if tc.f.decode[tc.f.maxCode] != tc.top {
+			t.Fatalf("%s: largest %g", tc.name, tc.f.decode[tc.f.maxCode])
+		}
+		for c := 0; c <= int(tc.f.maxCode); c++ {
+			for _, sign := range []uint8{0, 0x80} {
+				code := uint8(c) | sign
+				if got := tc.f.encode(tc.f.decode[code]); got != code {
+					t.Errorf("%s: %g encodes to %#x, not %#x", tc.name, tc.f.decode[code], got, code)
+				}
+				if c == int(tc.f.maxCode) {
+					continue
+				}
+				lo, hi := tc.f.decode[c], tc.f.decode[c+1]
+				mid := lo + (hi-lo)/2 // exact in float32
+				want := uint8(c)
+				if c&1 == 1 {
+					want = uint8(c + 1)
+				}
+				if got := tc.f.encode(mid); got != want {
+					t.Errorf("%s: midpoint %g of %#x and %#x encodes to %#x", tc.name, mid, c, c+1, got)
+				}
+			}
+		}
+		for _, v := range []float32{tc.top * 1.5, float32(math.Inf(1)), math.MaxFloat32} {
+			if tc.f.encode(v) != tc.f.maxCode || tc.f.encode(-v) != 0x80|tc.f.maxCode {
+				t.Errorf("%s: %g does not saturate", tc.name, v)
+			}
+		}
+		if tc.f.encode(float32(math.NaN())) != 0x7f {
+			t.Errorf("%s: NaN", tc.name)
+		}
+	}
+}
+
+// With scale 1, keys beyond ±448 are counted and stored as ±448; a
+// calibrated scale saturates none.
+func TestFP8SaturationIsReported(t *testing.T) {
+	x := make([]float32, 2*4*64)
+	beyond := int64(0)
+	for i := range x {
+		x[i] = float32(i%97) * 7 * float32(1-2*(i%2)) // up to ±672
+		if x[i] > 448 || x[i] < -448 {
+			beyond++
+		}
+	}
+	src := randomCache(1, 1, 2, 4, 64)
+	src.Tensors[0].Data = bitsOf(x)
+	for spec, want := range map[string]int64{"vllm:fp8_e4m3": beyond, "vllm:fp8_e4m3/scale1.5": 0, "vllm:fp8_e5m2": 0} {
+		s, err := ParseSpec(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Compress(src, Config{Spec: s, Thresholds: DefaultThresholds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Report.Tensors[0].Saturated; got != want || want == 0 && spec == "vllm:fp8_e4m3" {
+			t.Errorf("%s: %d saturated, want %d", spec, got, want)
+		}
+	}
+}
+
+func BenchmarkVLLMFormats(b *testing.B) {
+	for _, spec := range []string{"vllm:fp8_e4m3", "vllm:int8_per_token_head", "vllm:fp8_per_token_head"} {
+		s, _ := ParseSpec(spec)
+		src := randomCache(3, 8, 8, 512, 128)
+		b.Run(spec, func(b *testing.B) {
+			b.SetBytes(int64(len(src.Tensors[0].Data) * len(src.Tensors)))
+			for i := 0; i < b.N; i++ {
+				if _, err := Compress(src, Config{Spec: s, Thresholds: DefaultThresholds}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

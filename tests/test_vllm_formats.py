@@ -1,0 +1,139 @@
+"""vLLM 0.33.0's KV-cache formats (kv-compress's vllm:* schemes): the NumPy reference
+(tests/vllm_reference.py, written from the engine's source) pins the Go codec through the shared
+vectors (tests/vectors/engine_vectors.json, checked by tests/test_engine_formats.py and go test);
+here, the reference's float8 casts are torch's own, the vectors cover what the issue asks, and
+the CLI lists the formats with their release, flags and evidence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import make_engine_vectors
+import vllm_reference as vr
+
+VECTORS = json.loads(make_engine_vectors.OUT.read_text())
+VLLM = [c for c in VECTORS["cases"] if c["name"].startswith("vllm_")]
+F32 = np.float32
+
+
+def _float32_sample() -> np.ndarray:
+    """Every bfloat16 bit pattern (as float32), random float32 bits, and the formats' edges and ties."""
+    rng = np.random.default_rng(3)
+    bf16 = (np.arange(1 << 16, dtype=np.uint32) << 16).view(F32)
+    rand = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(F32)
+    edges = F32([448, 464, 464.00003, 480, 57344, 61440, 61439.996, 2.0 ** -9, 2.0 ** -10, 2.0 ** -16, 2.0 ** -17,
+                 3 * 2.0 ** -17, 1.0625, 1.1875, -0.0, np.inf, -np.inf, 3.4028235e38])
+    x = np.concatenate([bf16, rand, edges, -edges])
+    return x[~np.isnan(x)]
+
+
+@pytest.mark.parametrize("fmt, dtype, top", [("fp8_e4m3", torch.float8_e4m3fn, 448.0), ("fp8_e5m2", torch.float8_e5m2, 57344.0)])
+def test_reference_float8_casts_are_torchs(fmt, dtype, top):
+    """The reference's satfinite conversion is torch's float8 cast after the clamp (what vLLM's own
+    QuantFP8.forward_native does: clamp to the range, then .to(fp8)), on every bfloat16 value and
+    random float32 bits; its decode is torch's."""
+    x = _float32_sample()
+    ours = vr.fp8_codes(x, fmt)
+    theirs = torch.from_numpy(np.clip(x, -top, top)).to(dtype).view(torch.uint8).numpy()
+    assert np.array_equal(ours, theirs)
+    codes = np.arange(256, dtype=np.uint8)
+    back = torch.from_numpy(codes).view(dtype).to(torch.float32).numpy()
+    assert np.array_equal(vr.fp8_values(codes, fmt), back, equal_nan=True)
+
+
+def test_per_head_reference_is_torchs_arithmetic():
+    """The per-token-head reference, step for step in torch float32 (the Triton kernel's order)."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((6, 128)) * 3).astype(F32)
+    x[1] = 0  # an all-zero head: scale 1e-6, codes 0
+    for fmt, qmax in (("int8_per_token_head", 127.0), ("fp8_per_token_head", 448.0)):
+        raw, y = vr.quantize_per_head(x, fmt)
+        t = torch.from_numpy(x)
+        scale = torch.clamp(t.abs().amax(dim=1) / qmax, min=1e-6)
+        v = t * (1.0 / scale)[:, None]
+        if fmt.startswith("int8"):
+            v = torch.where(v >= 0, v + 0.5, v - 0.5)
+            codes = torch.clamp(v, -128, 127).to(torch.int8)  # truncation toward zero
+            vals = codes.to(torch.float32)
+            code_bytes = codes.view(torch.uint8)
+        else:
+            codes = torch.clamp(v, -448, 448).to(torch.float8_e4m3fn)
+            vals, code_bytes = codes.to(torch.float32), codes.view(torch.uint8)
+        blocks = np.frombuffer(raw, np.uint8).reshape(6, 132)
+        assert np.array_equal(blocks[:, :128], code_bytes.numpy())
+        assert np.array_equal(blocks[:, 128:].copy().view("<f4")[:, 0], scale.numpy())
+        assert np.array_equal(y, (vals * scale[:, None]).numpy())
+        assert np.all(blocks[1, :128] == 0) and blocks[1, 128:].copy().view("<f4")[0] == F32(1e-6)
+
+
+def test_vllm_vectors_cover_the_issue():
+    names = {c["name"] for c in VLLM}
+    for fmt in vr.FORMATS:
+        for dtype in ("f32", "f16", "bf16"):
+            for hd in (64, 128, 256):
+                assert f"vllm_{fmt}_{dtype}_hd{hd}" in names
+        assert f"vllm_{fmt}_past_the_range" in names
+    for fmt in vr.PER_TENSOR:
+        assert f"vllm_{fmt}_calibrated" in names
+    sat = {c["name"]: sum(t.get("saturated", 0) for t in c["tensors"]) for c in VLLM if "error" not in c}
+    assert sat["vllm_fp8_e4m3_past_the_range"] > 0 and sat["vllm_fp8_e5m2_past_the_range"] > 0
+    assert sat["vllm_fp8_e4m3_calibrated"] == 0  # a calibrated scale (amax / 448) saturates nothing
+    assert sum("error" in c for c in VLLM) >= 3 and VECTORS["vllm_version"] == vr.VERSION
+
+
+def test_scale_one_saturates_keys_past_448_and_calibrated_does_not(cli, tmp_path):
+    """What scale=1 costs: the CLI's report counts the keys it clamps to 448, per tensor."""
+    case = next(c for c in VLLM if c["name"] == "vllm_fp8_e4m3_past_the_range")
+    x = np.frombuffer(bytes.fromhex(case["tensors"][0]["input_hex"]), "<f4")
+    src = tmp_path / "in.safetensors"
+    make_engine_vectors_tensors = [dict(case["tensors"][0])]
+    from test_engine_formats import _write
+
+    _write(src, make_engine_vectors_tensors)
+    for spec, want in (("vllm:fp8_e4m3", int(np.sum(np.abs(x) > 448))), (f"vllm:fp8_e4m3/scale{float(np.max(np.abs(x[np.isfinite(x)])) / 448)}", 0)):
+        proc = subprocess.run([cli, "metrics", "-input", str(src), "-scheme", spec], capture_output=True, text=True)
+        assert proc.returncode in (0, 1), proc.stderr
+        assert json.loads(proc.stdout)["tensors"][0].get("saturated", 0) == want > 0 or want == 0
+
+
+def test_schemes_lists_vllm(cli):
+    rows = json.loads(subprocess.run([cli, "schemes", "-engine", "vllm"], capture_output=True, text=True, check=True).stdout)
+    assert [r["format"] for r in rows] == list(vr.FORMATS)
+    for r in rows:
+        assert r["engine_version"] == vr.VERSION and r["evidence"] == "read" and r["flags"] == f"--kv-cache-dtype {r['format']}"
+        assert r["source"] and "Triton" in r["evidence_detail"]
+    bits = {r["format"]: r["key_bits_per_element"] for r in rows}
+    assert bits["fp8_e4m3"] == 8 and bits["int8_per_token_head"] == 8.25  # 8 + a float32 scale per 128
+    every = json.loads(subprocess.run([cli, "schemes", "-engine", "all"], capture_output=True, text=True, check=True).stdout)
+    assert [r["engine"] for r in every].count("vllm") == len(vr.FORMATS)
+
+
+def test_kvq_headers_of_engine_formats_follow_the_schema(cli, tmp_path):
+    """docs/kv-compress/kvq-header.schema.json describes what kv-compress writes for the engine formats:
+    the header, and the records inside kvq.tensors (a JSON string the schema names with contentSchema)."""
+    import jsonschema
+
+    from test_engine_formats import _read, _write
+
+    schema = json.loads((make_engine_vectors.OUT.parent.parent.parent / "docs" / "kv-compress" / "kvq-header.schema.json").read_text())
+    header_ok = jsonschema.Draft202012Validator(schema)
+    records_ok = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/TensorRecords"})
+    wanted = ("vllm_fp8_e4m3_calibrated", "vllm_int8_per_token_head_bf16_hd128", "vllm_skip_layer_0", "vllm_per_role",
+              "q4_0_f16_hd64", "per_role_q8_0_q4_0")
+    for case in (c for c in VECTORS["cases"] if c["name"] in wanted):
+        src, kvq = tmp_path / f"{case['name']}.safetensors", tmp_path / f"{case['name']}.kvq"
+        _write(src, case["tensors"])
+        subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", case["spec"]], capture_output=True,
+                       check=False)
+        header, _ = _read(kvq)
+        header_ok.validate(header)
+        records = json.loads(header["__metadata__"]["kvq.tensors"])
+        records_ok.validate(records)
+        # and a schema that would let anything through fails on a wrong record
+        bad = [dict(r, scheme=dict(r["scheme"], scale=-1.0)) for r in records]
+        assert not records_ok.is_valid(bad) or not any(r["scheme"]["method"].startswith("vllm:fp8") for r in records)
