@@ -15,7 +15,7 @@ from kvlib.models import corpus, zoo
 from kvlib.models.sources import TINYLLAMA
 from kvlib.checks.agreement import AgreementConfig
 from kvlib.budget.plan import parse_budgets, similar_presets
-from kvlib.codec.spec import resolve_codec, split_schemes
+from kvlib.codec.spec import engine_menu, resolve_codec, split_schemes
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
@@ -48,7 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="codec preset or spec, e.g. int4 (default), kivi4, q4_0, k=asym4/g64/channel,v=asym4/g64 "
                    "(kv-compress schemes lists the presets); repeat it to compare schemes in one pass")
     p.add_argument("--schemes", default=None, help="presets and specs to compare in one pass, or 'all': commas between schemes (k=...,v=... stays one), or ';' between specs")
-    p.add_argument("--mode", default="prefix", choices=MODES,
+    p.add_argument("--engine", default=None, metavar="ENGINE",
+                   help="sweep every KV-cache format of an engine (llama.cpp, vllm, or all; kv-compress schemes -engine "
+                   "lists them) in write mode, as the engine writes its cache: the cheapest option that passes")
+    p.add_argument("--calibrated-scales", action="store_true",
+                   help="validate each static-scale engine format (vllm:fp8...) also with scales calibrated per layer on "
+                   "the calibration windows (SCHEME@calibrated), beside scale 1 (on with --engine)")
+    p.add_argument("--mode", default=None, choices=MODES,
                    help="prefix: the context compressed once, the scored tokens attend to their window exactly (the "
                    "KVQuant-style gate, default); write: every K and V quantized as written, inside the forward, as "
                    "engines do (llama.cpp, vLLM)")
@@ -124,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         specs = list(args.scheme or [])
         if args.schemes:
             specs += default_schemes() if args.schemes == "all" else split_schemes(args.schemes)
+        if args.engine:  # the engine's menu; its verdict is a write-mode number
+            specs += [row["name"] for row in engine_menu(args.engine)]
+            args.no_peers = True
+        args.mode = args.mode or ("write" if args.engine else "prefix")
         codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity,
                                 lossless=args.lossless) for x in specs or [None]]
         codec = codecs[0]
@@ -146,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                               max_windows=args.max_windows, context_length=args.context_length,
                               peers=not args.no_peers, verbose=not args.quiet, checks=checks,
                               results=args.results, fresh=args.fresh, ray=args.ray, budget=budgets,
-                              calibration=calibration, sensitivity=args.sensitivity, mode=args.mode)
+                              calibration=calibration, sensitivity=args.sensitivity, mode=args.mode,
+                              calibrate_scales=args.calibrated_scales or bool(args.engine))
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:

@@ -3,6 +3,7 @@ same codec (server or file CLI) as prefix mode, units keyed by mode, every windo
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -132,3 +133,55 @@ def test_written_forward_converts_queries_only_inside(tiny_llama, tmp_path, cli)
     assert r["engine"].compressed_perplexity != r["plain"].compressed_perplexity  # Q converted in one only
     assert r["engine"].baseline_perplexity == r["plain"].baseline_perplexity  # the exact forward untouched
     assert tiny_llama.config._attn_implementation != "kvlib_write"
+
+
+def test_vllm_fp8_queries_are_e4m3_at_scale_one(tmp_path, cli):
+    """vLLM's FlashAttention quantizes Q to e4m3 with q_scale 1.0 for an fp8 K (clamped to +-448);
+    e5m2 and the per-token-head formats leave Q exact."""
+    from kvlib.transforms.engine import EngineWrite, query_codec
+
+    for spec in ("vllm:fp8", "vllm:fp8_e4m3/scale0.5"):
+        assert query_codec(resolve_codec(spec).key).spec == "k=vllm:fp8_e4m3,v=none"
+    for spec in ("vllm:fp8_e5m2", "vllm:int8_per_token_head", "vllm:fp8_per_token_head", "int4"):
+        assert query_codec(resolve_codec(spec).key) is None
+    q = torch.randn(1, 4, 7, 64) * 100
+    t = EngineWrite(CLICacheRoundtrip(tmp_path / "k", resolve_codec("vllm:fp8"), "t"),
+                    CLICacheRoundtrip(tmp_path / "q", query_codec(resolve_codec("vllm:fp8").key), "t"), False)
+    assert torch.equal(t.query_layer(0, q), q.clamp(-448, 448).to(torch.float8_e4m3fn).float())
+
+
+def test_write_mode_sweeps_take_the_engine_write_path(tmp_path, cli):
+    """In write mode an engine format comes with its engine's write path, and its units are keyed by
+    it; prefix mode and kvlib's own schemes are unchanged."""
+    from kvlib.transforms.codec import cache_transforms
+    from kvlib.transforms.engine import EngineWrite, write_path, write_path_key
+
+    codecs = [resolve_codec(s) for s in ("llama.cpp:q4_0", "vllm:fp8", "vllm:int8_per_token_head", "int4")]
+    ts, _ = cache_transforms(codecs, tmp_path, "t", mode="write", architecture="llama")
+    kinds = {name: type(t) is EngineWrite for name, t in ts.items()}
+    assert kinds == {"llama.cpp:q4_0": True, "vllm:fp8": True, "vllm:int8_per_token_head": False, "int4": False}
+    assert ts["llama.cpp:q4_0"].permuted and not ts["vllm:fp8"].permuted
+    assert ts["vllm:fp8"].key == "vllm:fp8" + write_path_key(*write_path(codecs[1], "llama"))
+    assert "channel order gguf" in ts["llama.cpp:q4_0"].key and "query k=vllm:fp8_e4m3,v=none" in ts["vllm:fp8"].key
+    ts, _ = cache_transforms(codecs, tmp_path / "p", "t", mode="prefix", architecture="llama")
+    assert not any(type(t) is EngineWrite for t in ts.values())
+
+
+def test_engine_flag_sweeps_the_menu_in_write_mode(monkeypatch):
+    import kvlib.cli as cli_module
+
+    seen = {}
+
+    def fake(codecs, **kw):
+        seen.update(kw, codecs=[c.name for c in codecs])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli_module, "run_sweep", fake)
+    with pytest.raises(SystemExit):
+        cli_module.main(["--engine", "vllm"])
+    assert seen["codecs"] == ["vllm:fp8", "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head",
+                              "vllm:fp8_per_token_head"]
+    assert seen["mode"] == "write" and seen["peers"] is False
+    with pytest.raises(SystemExit):
+        cli_module.main(["--engine", "llama.cpp", "--mode", "prefix"])
+    assert seen["mode"] == "prefix" and len(seen["codecs"]) == 7

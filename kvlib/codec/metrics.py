@@ -147,6 +147,11 @@ def _sum_all(sums: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
+# An engine format's counts per tensor, which add up over runs: values a static scale clamped to the
+# format's largest, and reconstructed values that are NaN or Inf.
+COUNTS = ("saturated", "non_finite")
+
+
 def _pool_tensor(group: list[dict[str, Any]]) -> dict[str, Any]:
     """One tensor's entry pooled over the runs that hold it (sums, per head, histogram)."""
     t0 = group[0]
@@ -154,10 +159,11 @@ def _pool_tensor(group: list[dict[str, Any]]) -> dict[str, Any]:
     rmse, snr, cos = _pooled(sums)
     heads = [_sum_all([t["head_sums"][h] for t in group]) for h in range(len(t0["head_sums"]))]
     hist = [sum(t["error_histogram"][b] for t in group) for b in range(len(t0["error_histogram"]))]
+    counts = {k: sum(t.get(k, 0) for t in group) for k in COUNTS if any(k in t for t in group)}
     return dict(t0, num_elements=int(sums["n"]), rmse=rmse, snr_db=snr, cosine_similarity=cos,
                 max_error=sums["max_error"], quality_level=quality_level(rmse, snr), error_histogram=hist,
                 sums=sums, head_sums=heads, head_rmse=[_pooled(h)[0] for h in heads],
-                head_snr_db=[_pooled(h)[1] for h in heads])
+                head_snr_db=[_pooled(h)[1] for h in heads], **counts)
 
 
 def pool_metrics(runs: list[CompressionMetrics]) -> CompressionMetrics:

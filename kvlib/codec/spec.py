@@ -44,7 +44,7 @@ class Scheme:
         if ":" in self.method:  # an engine's format (engine:format): rotated as the engine does unless /norot
             s = self.method + ("/norot" if self.method.startswith("llama.cpp:") and self.bits < 16 and not self.rotate else "")
             if self.scale not in (0, 1):
-                s += f"/scale{_float32(self.scale)}"
+                s += f"/scale{format_float32(self.scale)}"
         elif self.method.startswith("q"):
             s = self.method
         else:
@@ -60,7 +60,7 @@ class Scheme:
         return s
 
 
-def _float32(v: float) -> str:
+def format_float32(v: float) -> str:
     """Go's strconv.FormatFloat(v, 'g', -1, 32): the shortest digits of the float32, positional for
     exponents -4 to 5."""
     import numpy as np
@@ -103,6 +103,13 @@ class CodecConfig:
         s = self.key.spec if self.key == self.value else f"k={self.key.spec},v={self.value.spec}"
         s += _layers_spec(self.layers)
         return s + LOSSLESS_SUFFIX if self.lossless else s
+
+    def for_layer(self, layer: int) -> "CodecConfig":
+        """The codec of layer ``layer`` alone, its slots' schemes as the defaults (write mode sends one
+        layer at a time, which a per-layer override of another layer would not name)."""
+        if not self.layers:
+            return self
+        return replace(self, key=self.scheme_for(layer, "key"), value=self.scheme_for(layer, "value"), layers=())
 
     def scheme_for(self, layer: int, role: str) -> Scheme:
         """The scheme of ``layer_{layer}_{role}``: its override, else the role's default."""
@@ -195,6 +202,12 @@ def _resolve(scheme: str, bits: int | None, group_size: int | None, sparsity: fl
         if v is not None:
             args += [flag, repr(v)]
     return CodecConfig.from_json(_check(tuple(args)))
+
+
+def engine_menu(engine: str) -> list[dict[str, Any]]:
+    """``kv-compress schemes -engine ENGINE`` (or ``all``): each format's name, flags, engine
+    version, evidence and bits, in the engine's menu order. SchemeError names an unknown engine."""
+    return list(_check(("schemes", "-engine", engine)))
 
 
 def resolve_codec(scheme: "str | CodecConfig | None" = None, bits: int | None = None, group_size: int | None = None,

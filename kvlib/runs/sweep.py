@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
+from kvlib.budget.scales import calibrated_scales
 from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
@@ -41,6 +42,7 @@ from kvlib.scoring.store import ResultsStore, unit_key
 from kvlib.scoring.units import ScoringPlan, decode, encode
 from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
 from kvlib.transforms.codec import cache_transforms
+from kvlib.transforms.engine import write_path, write_path_key
 
 MIX_PREFIX = "mix@"  # the name of a budget's mixed scheme: mix@3.25
 
@@ -69,6 +71,9 @@ class SchemeResult:
     values: dict[str, float] = field(default_factory=dict)
     layer_key_snr_db: list[float] = field(default_factory=list)
     layer_value_snr_db: list[float] = field(default_factory=list)
+    # values a static per-tensor scale clamped to the format's largest finite value, per layer (vllm:fp8)
+    layer_key_saturated: list[int] = field(default_factory=list)
+    layer_value_saturated: list[int] = field(default_factory=list)
     passed: bool = False  # the gate: gated delta < threshold
     robust: bool = False  # and the CI's upper bound too
     window_deltas: list[float] = field(default_factory=list)  # per-window ppl delta (compressed windows)
@@ -153,16 +158,21 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def _layer_snr(comp: CompressionMetrics | None, role: str) -> list[float]:
-    """Pooled SNR of each layer's key or value tensor, in layer order."""
+def _per_layer(comp: CompressionMetrics | None, role: str, of: Any) -> list[Any]:
+    """``of(tensor entry)`` for each layer's key or value tensor, in layer order."""
     if comp is None:
         return []
     out = {}
     for t in comp.tensors:
         parts = t["name"].split("_")
         if len(parts) == 3 and parts[0] == "layer" and parts[2] == role:
-            out[int(parts[1])] = pool_tensors([t], "")["snr_db"]
+            out[int(parts[1])] = of(t)
     return [out[i] for i in sorted(out)]
+
+
+def _layer_snr(comp: CompressionMetrics | None, role: str) -> list[float]:
+    """Pooled SNR of each layer's key or value tensor, in layer order."""
+    return _per_layer(comp, role, lambda t: pool_tensors([t], "")["snr_db"])
 
 
 def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, threshold: float,
@@ -186,6 +196,8 @@ def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, thresh
         keys=pool_tensors(comp.tensors, "_key") if comp else {},
         values=pool_tensors(comp.tensors, "_value") if comp else {},
         layer_key_snr_db=_layer_snr(comp, "key"), layer_value_snr_db=_layer_snr(comp, "value"),
+        layer_key_saturated=_per_layer(comp, "key", lambda t: int(t.get("saturated", 0))),
+        layer_value_saturated=_per_layer(comp, "value", lambda t: int(t.get("saturated", 0))),
         window_deltas=[w.compressed_ppl - w.baseline_ppl for w in ctx], seconds=seconds,
         compression=comp.to_dict() if comp else {}, mode=mode,
     )
@@ -241,7 +253,10 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     missing_peer = peers_unavailable() if peers else None
     peer_list = peer_transforms() if peers else []
     # name -> (kind, spec as shown, spec as keyed): what each transform computes, before any is built
-    described = {c.name: (CodecRoundtrip.kind, c.spec, c.spec) for c in codecs}
+    architecture = getattr(getattr(lm, "config", None), "model_type", None)
+    described = {c.name: (CodecRoundtrip.kind, c.spec,
+                          c.spec + (write_path_key(*write_path(c, architecture)) if mode == "write" else ""))
+                 for c in codecs}
     if missing_peer is None:
         described.update({t.name: (t.kind, t.spec, t.key) for t in peer_list})
     made: dict[str, Any] = {}
@@ -253,7 +268,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
 
     def transforms() -> dict[str, Any]:
         if "ts" not in made:
-            made["ts"], _ = cache_transforms(codecs, workdir, model_name, peers)
+            made["ts"], _ = cache_transforms(codecs, workdir, model_name, peers, mode=mode, architecture=architecture)
         return made["ts"]
 
     t0 = time.perf_counter()
@@ -318,6 +333,7 @@ def run_sweep(
     calibration: CalibrationConfig | str | None = None,
     sensitivity: bool = False,
     mode: str = "prefix",
+    calibrate_scales: bool = False,
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
@@ -335,7 +351,11 @@ def run_sweep(
     the others.
 
     ``mode``: "prefix" (default: the context compressed once, the KVQuant-style gate) or "write"
-    (every K and V quantized as written, inside the forward, as engines do; kvlib.scoring.write)."""
+    (every K and V quantized as written, inside the forward, as engines do; kvlib.scoring.write).
+
+    ``calibrate_scales``: each scheme of an engine format with a static per-tensor scale (vLLM's
+    fp8) is also validated with the scales calibrated on the calibration windows
+    (kvlib.budget.scales), named ``SCHEME@calibrated``, beside its scale 1."""
     t_start = time.perf_counter()
     check_mode(mode)
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
@@ -353,6 +373,12 @@ def run_sweep(
     if sensitivity:
         resolved, planned, mixes = _add_mixes(run, resolved, cal_cfg, budgets, workdir,
                                               verbose if progress is None else progress)
+    if calibrate_scales:
+        cal = calibration_tokens(cal_cfg, run.text, run.ids, run.tokenizer, run.context_length, stride, max_windows)
+        twins = calibrated_scales(resolved, run.load, cal.ids, cal.starts, run.context_length, run.store,
+                                  run.identity, run.say)
+        resolved += list(twins.values())
+        mixes.update({c.name: alias for alias, c in twins.items()})
     lazy = run.lazy()  # the decoding checks load it only for a unit not stored
     checks.check_inputs(lazy, run.tokenizer, run.ids.shape[1], run.text.name)
     executor, job = executor_for(run, resolved, peers, ray, mode)
@@ -467,23 +493,29 @@ def default_schemes() -> list[str]:
 
 def print_sweep(r: SweepResult) -> None:
     """A fixed-width table of the sweep, best first, and the recommendation."""
-    bar = "=" * 108
+    w = max([16] + [len(s.name) for s in r.schemes])  # the scheme column fits the longest name
+    bar = "=" * (w + 92)
     print(bar)
     print(f"  SWEEP  {r.model} on {r.corpus} ({r.dtype}, {r.device})")
     what = "after a compressed context" if r.mode == "prefix" else "with every K/V quantized as written (write mode)"
     print(f"  {r.windows} windows, {r.context_scored_tokens} tokens {what}, "
           f"baseline perplexity {r.context_baseline_perplexity:.4f}")
     print(bar)
-    print(f"  {'scheme':16s} {'bits/el':>7s} {'ratio':>6s} {'delta gated':>11s} {f'{CI_LEVEL:.0%} CI':>19s} "
+    print(f"  {'scheme':{w}s} {'bits/el':>7s} {'ratio':>6s} {'delta gated':>11s} {f'{CI_LEVEL:.0%} CI':>19s} "
           f"{'KLD mean':>9s} {'KLD p99':>8s} {'top-1':>6s} {'key SNR':>7s} {'val SNR':>7s}  verdict")
     for s in r.schemes:
         if s.error:
-            print(f"  {s.name:16s} not run: {s.error}")
+            print(f"  {s.name:{w}s} not run: {s.error}")
             continue
-        print(f"  {s.name:16s} {s.bits_per_element:7.3f} {s.compression_ratio:5.2f}x {s.context_delta:+11.4f} "
+        print(f"  {s.name:{w}s} {s.bits_per_element:7.3f} {s.compression_ratio:5.2f}x {s.context_delta:+11.4f} "
               f"[{s.ci_low:+8.4f}, {s.ci_high:+8.4f}] {s.kld_mean:9.5f} {s.kld_p99:8.4f} {s.top1_agreement:5.1f}% "
               f"{s.keys.get('snr_db', math.nan):7.2f} {s.values.get('snr_db', math.nan):7.2f}  {s.verdict_text}")
     print(bar)
+    for s in r.schemes:  # what a static scale clamps (vLLM's fp8 with scale 1 and no checkpoint scales)
+        sat = [(i, k, v) for i, (k, v) in enumerate(zip(s.layer_key_saturated, s.layer_value_saturated)) if k or v]
+        if sat:
+            worst = ", ".join(f"layer {i}: {k} K / {v} V" for i, k, v in sorted(sat, key=lambda x: -(x[1] + x[2]))[:3])
+            print(f"  {s.name}: {sum(k + v for _, k, v in sat)} values clamped to the format's largest ({worst})")
     for d in (r.retrieval, r.agreement):
         if d:
             print(f"  {d['summary']}")

@@ -93,7 +93,8 @@ class _Worker:
         self._tmp = None if shared_server() is not None else tempfile.TemporaryDirectory(prefix="kvlib-worker-")
         workdir = self._tmp.name if self._tmp is not None else tempfile.gettempdir()
         self.transforms, _ = cache_transforms([resolve_codec(c) for c in job.codecs], workdir,
-                                              job.model_name, job.peers)
+                                              job.model_name, job.peers, mode=job.mode,
+                                              architecture=getattr(self.lm.config, "model_type", None))
 
     def close(self) -> None:
         """Remove the work directory (called before the actor is killed)."""

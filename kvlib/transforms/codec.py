@@ -24,6 +24,7 @@ from kvlib.codec.server import CodecServer, SharedContext, SharedSegment, by_nam
 from kvlib.dtypes import stored
 from kvlib.codec.spec import CodecConfig, resolve_codec
 from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
+from kvlib.transforms.engine import engine_write
 
 
 class ContextFile:
@@ -85,7 +86,7 @@ class CLICacheRoundtrip(CodecRoundtrip):
         t0 = time.perf_counter()
         src = self.context.path_for(cache)
         t1 = time.perf_counter()
-        metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
+        metrics = roundtrip_kv_cache(src, dst, codec=self.codec.for_layer(layer))
         t2 = time.perf_counter()
         restored, _ = load_kv_cache(dst, device=str(k0.device))
         # In the context's own layout (sliding-window layers included); bfloat16 travels as float32.
@@ -105,7 +106,7 @@ class CLICacheRoundtrip(CodecRoundtrip):
         save_file({n: t.detach().to("cpu", stored(t.dtype).torch).contiguous() for n, t in ((kn, key), (vn, value))},
                   str(src), metadata=layer_metadata(layer, key, self.model_name))
         t1 = time.perf_counter()
-        metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
+        metrics = roundtrip_kv_cache(src, dst, codec=self.codec.for_layer(layer))
         t2 = time.perf_counter()
         with safe_open(str(dst), framework="pt") as f:
             k, v = (f.get_tensor(n).to(t.device, t.dtype) for n, t in ((kn, key), (vn, value)))
@@ -174,7 +175,8 @@ class ServerCacheRoundtrip(CodecRoundtrip):
         t1 = time.perf_counter()
         resp = self.server.request({"op": "roundtrip", "input": self._layer_in.segment(),
                                     "metadata": layer_metadata(layer, key, self.model_name), "tensors": refs,
-                                    "schemes": [{"args": self.codec.cli_args(), "output": self._layer_out.segment()}]})
+                                    "schemes": [{"args": self.codec.for_layer(layer).cli_args(),
+                                                 "output": self._layer_out.segment()}]})
         t2 = time.perf_counter()
         k, v = (view(self._layer_out, where[n]).to(t.device, t.dtype, copy=True) for n, t in ((kn, key), (vn, value)))
         self.seconds["save"] += t1 - t0
@@ -218,20 +220,30 @@ class ServerCacheRoundtrip(CodecRoundtrip):
 
 
 def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, model_name: str,
-                     peers: bool = False, slots: int = 1,
+                     peers: bool = False, slots: int = 1, mode: str = "prefix", architecture: str | None = None,
                      ) -> tuple[dict[str, Any], str | None]:
     """The transforms by name, and why the peers are missing (None when they run or were not
     asked). ``slots``: how many context caches are in use at once (the rows of a decoding
-    batch), each saved once for every codec."""
+    batch), each saved once for every codec. In write mode an engine format comes with its
+    engine's write path (kvlib.transforms.engine: the query's conversion, the channel order of
+    a model of ``architecture``)."""
     server = shared_server()
     transforms: dict[str, Any]
     if server is not None:
         shared = SharedContext(model_name, slots=slots)
-        transforms = {c.name: ServerCacheRoundtrip(server, c, model_name, context=shared) for c in codecs}
+
+        def make(c: CodecConfig, sub: str = "") -> Any:
+            return ServerCacheRoundtrip(server, c, model_name, context=shared)
     else:
         context = ContextFile(Path(workdir) / "context.safetensors", model_name, slots=slots)
-        transforms = {c.name: CLICacheRoundtrip(Path(workdir) / f"scheme{i}", c, model_name, context=context)
-                      for i, c in enumerate(codecs)}
+
+        def make(c: CodecConfig, sub: str = "") -> Any:  # sub: a scheme's (sharing the context file); else a query's
+            if sub:
+                return CLICacheRoundtrip(Path(workdir) / sub, c, model_name, context=context)
+            return CLICacheRoundtrip(Path(workdir) / ("query-" + c.spec.replace("/", "_")), c, model_name)
+    transforms = {c.name: make(c, f"scheme{i}") for i, c in enumerate(codecs)}
+    if mode == "write":
+        transforms = {name: engine_write(t, make, architecture) for name, t in transforms.items()}
     missing = peers_unavailable() if peers else None
     if peers and missing is None:
         transforms.update({t.name: t for t in peer_transforms()})

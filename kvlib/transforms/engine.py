@@ -11,6 +11,13 @@ format that changes the numbers. Two things, for llama.cpp (0c1e57098, via llama
   dot-product format (q8_0; q8_1 for q4_1/q5_1, the same values) after rotating it as K
   (ggml-cpu/ops.cpp, ggml_compute_forward_flash_attn_ext_f16_one_chunk); with an f16 K, to f16.
   Q goes through the codec as K would (``k=llama.cpp:q8_0[/norot]``, or ``llama.cpp:f16``).
+
+And for vLLM (0.33.0): with ``--kv-cache-dtype fp8``/``fp8_e4m3`` the FlashAttention backend (vLLM's
+default on Hopper) quantizes Q to float8 e4m3 with its q_scale, which is 1.0 unless the checkpoint
+has one (attention/attention.py:470-526; kv_cache.py:147-196 sets it to 1.0 even where it logs
+"Setting it to k_scale"): ``k=vllm:fp8_e4m3,v=none``, Q clamped to +-448 and rounded. fp8_e5m2
+and the per-token-head formats leave Q exact (attention.py:517; triton_attn.py:648-652). vLLM
+keeps the model's channel order.
 """
 
 from __future__ import annotations
@@ -33,11 +40,16 @@ def gguf_order(head_dim: int) -> torch.Tensor:
     return torch.tensor([(p % 2) * half + p // 2 for p in range(head_dim)])
 
 
-def query_codec(key: Scheme) -> CodecConfig:
-    """How llama.cpp converts Q for a K of scheme ``key``: f16 for f16 K, else q8_0 rotated as K."""
+def query_codec(key: Scheme) -> CodecConfig | None:
+    """How the engine converts Q for a K of scheme ``key`` (None: it reads Q exactly). llama.cpp:
+    f16 for an f16 K, else q8_0 rotated as K; vLLM: e4m3 at q_scale 1 for an fp8/fp8_e4m3 K."""
     if key.method == "llama.cpp:f16":
         return resolve_codec("k=llama.cpp:f16,v=none")
-    return resolve_codec("k=llama.cpp:q8_0" + ("" if key.rotate else "/norot") + ",v=none")
+    if key.method.startswith("llama.cpp:"):
+        return resolve_codec("k=llama.cpp:q8_0" + ("" if key.rotate else "/norot") + ",v=none")
+    if key.method in ("vllm:fp8", "vllm:fp8_e4m3"):
+        return resolve_codec("k=vllm:fp8_e4m3,v=none")
+    return None
 
 
 class EngineWrite(CacheTransform):
@@ -61,8 +73,7 @@ class EngineWrite(CacheTransform):
 
     @property
     def key(self) -> str:
-        return (f"{self.inner.key} | engine write path: query {self.query.spec if self.query else 'exact'}, "
-                f"channel order {'gguf' if self.permuted else 'model'}")
+        return self.inner.key + write_path_key(self.query.codec if self.query else None, self.permuted)
 
     def _to_engine(self, x: torch.Tensor) -> torch.Tensor:
         return x[..., gguf_order(x.shape[-1])].contiguous() if self.permuted else x
@@ -82,10 +93,25 @@ class EngineWrite(CacheTransform):
         return self._to_model(q)
 
 
+def write_path(codec: CodecConfig, architecture: str | None) -> tuple[CodecConfig | None, bool]:
+    """The engine's write path for ``codec``: the query's conversion (None: exact) and whether K
+    goes in GGUF's interleaved channel order (llama.cpp, on a Llama-architecture model)."""
+    key = codec.key
+    return query_codec(key), key.method.startswith("llama.cpp:") and architecture in PERMUTED_ARCHITECTURES
+
+
+def write_path_key(query: CodecConfig | None, permuted: bool) -> str:
+    """What the write path adds to a unit's key ("" when it does nothing): known before anything loads."""
+    if query is None and not permuted:
+        return ""
+    return f" | engine write path: query {query.spec if query else 'exact'}, channel order {'gguf' if permuted else 'model'}"
+
+
 def engine_write(inner: CodecRoundtrip, make: Any, architecture: str | None) -> CacheTransform:
-    """``inner`` wrapped with llama.cpp's write path when its key scheme is a llama.cpp format
-    (``make(codec)`` builds the query's round trip of the same kind); else ``inner`` itself."""
-    key = inner.codec.key
-    if not key.method.startswith("llama.cpp:"):
+    """``inner`` wrapped with its engine's write path when its key scheme is an engine format that
+    converts Q or reorders channels (``make(codec)`` builds the query's round trip of the same
+    kind); else ``inner`` itself."""
+    query, permuted = write_path(inner.codec, architecture)
+    if query is None and not permuted:
         return inner
-    return EngineWrite(inner, make(query_codec(key)), architecture in PERMUTED_ARCHITECTURES)
+    return EngineWrite(inner, make(query) if query is not None else None, permuted)
