@@ -16,8 +16,11 @@ GO_SRC  := $(shell find go -name '*.go' -o -name go.mod)
 MODEL       ?= embedded
 CORPUS      ?= embedded
 SCHEME      ?= int4
-# prefix: the context compressed once (the gate); write: every K/V quantized as written, as engines do.
+# prefix: the context compressed once (the gate); write: every K/V quantized as written, as engines do
+# (the default of make sweep ENGINE=...).
 MODE        ?= prefix
+# make sweep's engine (llama.cpp, vllm or all): its menu of KV-cache formats instead of SCHEMES.
+ENGINE      ?=
 BITS        ?=
 GROUP_SIZE  ?=
 SPARSITY    ?=
@@ -147,7 +150,8 @@ report: setup
 sweep: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/sweep.ipynb $(BUILD)/executed/sweep.ipynb -k kvlib \
-	  -p model $(MODEL) -p corpus $(CORPUS) -r schemes "$(SCHEMES)" -p peers $(PEERS) -p stride $(STRIDE) -p mode $(MODE) \
+	  -p model $(MODEL) -p corpus $(CORPUS) -r schemes "$(SCHEMES)" -p peers $(PEERS) -p stride $(STRIDE) \
+	  -p mode $(if $(ENGINE),$(if $(filter command line,$(origin MODE)),$(MODE),write),$(MODE)) -r engine "$(ENGINE)" \
 	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) $(CHECKS) -r budget "$(BUDGET)" \
 	  -r calibration "$(CALIBRATION)" -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/sweep.ipynb

@@ -15,13 +15,13 @@ from kvlib.models import corpus, zoo
 from kvlib.models.sources import TINYLLAMA
 from kvlib.checks.agreement import AgreementConfig
 from kvlib.budget.plan import parse_budgets, similar_presets
-from kvlib.codec.spec import engine_menu, resolve_codec, split_schemes
+from kvlib.codec.spec import resolve_codec, split_schemes
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
-from kvlib.runs.sweep import default_schemes, run_sweep
+from kvlib.runs.sweep import default_schemes, engine_schemes, run_sweep
 from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.schemes:
             specs += default_schemes() if args.schemes == "all" else split_schemes(args.schemes)
         if args.engine:  # the engine's menu; its verdict is a write-mode number
-            specs += [row["name"] for row in engine_menu(args.engine)]
+            specs += engine_schemes(args.engine)
             args.no_peers = True
         args.mode = args.mode or ("write" if args.engine else "prefix")
         codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity,

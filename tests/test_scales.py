@@ -46,6 +46,15 @@ def test_a_sweep_validates_both_scale_sources_and_reuses_the_amax(tiny_dir, tmp_
     cal = names["vllm:fp8_e4m3" + CALIBRATED]
     assert "k0=vllm:fp8_e4m3/scale" in cal.spec and len(cal.layer_key_saturated) == 22
     assert names["vllm:fp8_e4m3"].layer_key_saturated == [0] * 22  # a random tiny model's keys stay within 448
+    table = first.engines["vllm"]  # the engine's menu as the engine names it, with the flags to pass
+    assert table["mode"] == "write" and [r["option"] for r in table["rows"]] == [s.name for s in first.schemes]
+    flags = {r["option"]: r["flags"] for r in table["rows"]}
+    assert flags["vllm:int8_per_token_head"] == "--kv-cache-dtype int8_per_token_head"
+    assert flags["vllm:fp8_e4m3" + CALIBRATED] == flags["vllm:fp8_e4m3"] == "--kv-cache-dtype fp8_e4m3"
+    scales = {r["option"]: r["scales"] for r in table["rows"]}
+    assert scales["vllm:fp8_e4m3" + CALIBRATED].startswith("calibrated") and scales["vllm:fp8_e4m3"].startswith("1.0")
+    assert scales["vllm:int8_per_token_head"] == ""
+    assert table["cheapest"] in flags or table["cheapest"] is None
     from kvlib.models import sources
 
     monkeypatch.setattr(sources, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded the model"))

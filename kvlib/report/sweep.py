@@ -190,6 +190,35 @@ def ranked_table(result: SweepResult | dict[str, Any]):
                 f'</thead><tbody>{body}</tbody></table>')
 
 
+def engine_tables(result: SweepResult | dict[str, Any]):
+    """Each engine's menu (kvlib.runs.engines): the option as the engine names it, the flags to pass,
+    bits/element, gated delta with CI, KLD, top-1, verdict; the cheapest option that passes; and with
+    more than one engine, the cheapest passing option of each side by side. Empty without one."""
+    from IPython.display import HTML
+
+    tables = _as_dict(result).get("engines") or {}
+    out = ""
+    for engine, t in tables.items():
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(r['option'])}</th><td style='text-align:left'><code>"
+            f"{html.escape(r['flags'])}</code></td><td style='text-align:left'>{html.escape(r.get('scales', ''))}</td>"
+            f"<td>{r['bits_per_element']:.3f}</td><td>{r['context_delta']:+.4f}</td>"
+            f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{r['kld_mean']:.5f}</td><td>{r['top1_agreement']:.1f}%</td>"
+            f"<td>{r['saturated']}</td><td style='text-align:left'>{html.escape(r['verdict'])}</td></tr>" for r in t["rows"])
+        best = (f"<b>{html.escape(t['cheapest'])}</b>: {html.escape(t['cheapest_flags'])}" if t["cheapest"]
+                else "none passes robustly")
+        out += (f"<h4>{html.escape(engine)} <small>({html.escape(t['version'])}, {t['mode']} mode)</small></h4>"
+                f"<table class='kvlib-engine-table' style='font-size:12.5px'><thead><tr><th style='text-align:left'>option"
+                f"</th><th style='text-align:left'>flags</th><th style='text-align:left'>static scales</th><th>bits/el</th><th>Δ gated</th><th>CI</th><th>KLD</th>"
+                f"<th>top-1</th><th>clamped</th><th style='text-align:left'>verdict</th></tr></thead><tbody>{rows}"
+                f"</tbody></table><p>Cheapest option that passes in {html.escape(engine)}: {best}</p>")
+    return HTML(out)
+
+
+def _fmt(v: Any) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.4f}"
+
+
 def specs_table(result: SweepResult | dict[str, Any]):
     """What each row is: its exact spec (from the CLI) or the peer's configuration."""
     from IPython.display import HTML

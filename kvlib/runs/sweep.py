@@ -24,6 +24,8 @@ import torch
 
 from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
 from kvlib.budget.scales import calibrated_scales
+from kvlib.runs.engines import engine_tables, print_engine_tables
+from kvlib.codec.spec import engine_menu
 from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
@@ -124,6 +126,7 @@ class SweepResult:
     retrieval: dict[str, Any] = field(default_factory=dict)  # RetrievalResult.to_dict(), empty when not run
     agreement: dict[str, Any] = field(default_factory=dict)  # AgreementResult.to_dict(), empty when not run
     budget: dict[str, Any] = field(default_factory=dict)  # BudgetResult.to_dict(), empty without a budget
+    engines: dict[str, Any] = field(default_factory=dict)  # kvlib.runs.engines.engine_tables: per engine's menu
 
     def scheme(self, name: str) -> SchemeResult:
         for s in self.schemes:
@@ -419,6 +422,7 @@ def run_sweep(
         retrieval=renamed(retrieval.to_dict(), mixes) if retrieval else {},
         agreement=renamed(agreement.to_dict(), mixes) if agreement else {},
         budget=planned.to_dict() if planned else {},
+        engines=engine_tables(schemes, mode),
     )
     if verbose:
         print_sweep(result)
@@ -486,6 +490,11 @@ def model_geometry(run: RunSetup) -> dict[str, Any]:
     return found
 
 
+def engine_schemes(engine: str) -> list[str]:
+    """An engine's menu of KV-cache formats (``all``: every engine's), as kv-compress names them."""
+    return [row["name"] for row in engine_menu(engine)]
+
+
 def default_schemes() -> list[str]:
     """What a sweep compares when not told: every preset, and int4 with the lossless stage."""
     return [*presets(), "int4" + LOSSLESS_SUFFIX]
@@ -521,6 +530,9 @@ def print_sweep(r: SweepResult) -> None:
             print(f"  {d['summary']}")
     print(f"  {r.recommendation}")
     print(bar)
+    if r.engines:
+        print_engine_tables(r.engines)
+        print(bar)
     if r.budget:
         print_budget(r.budget)
 

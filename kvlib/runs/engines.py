@@ -1,0 +1,62 @@
+"""A sweep's results as each engine's menu: per engine, every option as the engine names it, the
+flags to pass, bits/element, the gated delta with its CI, KLD, top-1, the verdict, and the cheapest
+option that passes (robustly: the CI's upper bound under the gate, as kvlib's recommendation);
+across engines, one summary. The menu and flags are kv-compress's (``schemes -engine all``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvlib.budget.scales import CALIBRATED
+from kvlib.codec.spec import engine_menu
+
+
+def _scales(name: str, static: bool) -> str:
+    """Where a static-scale format's scales come from: none in the checkpoint (1.0), or calibrated."""
+    if not static:
+        return ""
+    return "calibrated k_scale/v_scale in the checkpoint" if name.endswith(CALIBRATED) else "1.0 (none in the checkpoint)"
+
+
+def engine_tables(schemes: list[Any], mode: str) -> dict[str, Any]:
+    """{engine: {"version", "mode", "rows", "cheapest"}} for the schemes that are an engine's option
+    (``SCHEME@calibrated``: the option with calibrated static scales); empty when none is."""
+    menu = {row["name"]: row for row in engine_menu("all")}
+    tables: dict[str, Any] = {}
+    for s in schemes:
+        row = menu.get(s.name.removesuffix(CALIBRATED))
+        if row is None or s.error:
+            continue
+        t = tables.setdefault(row["engine"], {"version": row["engine_version"], "mode": mode, "rows": []})
+        t["rows"].append({
+            "option": s.name, "flags": row["flags"],
+            "scales": _scales(s.name, row["key_scheme"].get("scale", 0) > 0),
+            "bits_per_element": s.bits_per_element, "context_delta": s.context_delta, "ci_low": s.ci_low,
+            "ci_high": s.ci_high, "kld_mean": s.kld_mean, "top1_agreement": s.top1_agreement,
+            "verdict": s.verdict_text, "robust": s.robust, "evidence": row["evidence"],
+            "saturated": sum(s.layer_key_saturated) + sum(s.layer_value_saturated)})
+    for t in tables.values():
+        ok = [r for r in t["rows"] if r["robust"]]
+        best = min(ok, key=lambda r: (r["bits_per_element"], r["context_delta"])) if ok else None
+        t["cheapest"] = best["option"] if best else None
+        t["cheapest_flags"] = (best["flags"] + (f" (scales: {best['scales']})" if best["scales"] else "")) if best else None
+    return tables
+
+
+def print_engine_tables(tables: dict[str, Any]) -> None:
+    """Each engine's table, its cheapest passing option, and (with more than one engine) the summary."""
+    for engine, t in tables.items():
+        w = max(len(r["option"]) for r in t["rows"])
+        print(f"  {engine} ({t['version']}), {t['mode']} mode:")
+        for r in t["rows"]:
+            print(f"    {r['option']:{w}s} {r['bits_per_element']:6.3f} b/el  delta {r['context_delta']:+.4f} "
+                  f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]  {r['verdict']:26s} {r['flags']}"
+                  + (f" (scales: {r['scales']})" if r["scales"] else ""))
+        print(f"  cheapest option that passes in {engine}: "
+              + (f"{t['cheapest']} ({t['cheapest_flags']})" if t["cheapest"] else "none"))
+    if len(tables) > 1:
+        ranked = sorted(((t["rows"][[r["option"] for r in t["rows"]].index(t["cheapest"])], e)
+                         for e, t in tables.items() if t["cheapest"]), key=lambda x: (x[0]["bits_per_element"],
+                                                                                      x[0]["context_delta"]))
+        print("  across engines (cheapest passing option each): " + "; ".join(
+            f"{e}: {r['option']} {r['bits_per_element']:.3f} b/el, delta {r['context_delta']:+.4f}" for r, e in ranked))
