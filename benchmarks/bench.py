@@ -40,7 +40,7 @@ from torch_kvq import TorchCacheRoundtrip  # noqa: E402
 from kvlib.codec.binary import find_cli_binary  # noqa: E402
 from kvlib.codec.metrics import pool_tensors
 from kvlib.transforms.codec import CLICacheRoundtrip
-from kvlib.codec.spec import presets, resolve_codec  # noqa: E402
+from kvlib.codec.spec import engine_menu, presets, resolve_codec  # noqa: E402
 from kvlib.transforms.codec import ContextFile  # noqa: E402
 from kvlib.cache.io import save_kv_cache  # noqa: E402
 from kvlib.cache.layout import cache_layers, make_cache
@@ -98,6 +98,18 @@ def preset_table(cli: str, src: Path, runs: int, memcopy: float) -> None:
               f"{k['rmse']:9.4f} {k['snr_db']:7.2f} dB {v['rmse']:9.4f} {v['snr_db']:8.2f} dB")
     print("  (MB/s of F32 input, 2 goroutines; /memcopy is the share of memory-copy speed; portable Go is the\n"
           "   same code with the AVX2 kernels off, which is what a CPU without AVX2 runs)\n")
+
+
+def engine_table(src: Path, runs: int, memcopy: float) -> None:
+    """Every engine format's compress+restore on the same cache, against memcopy in this run and the
+    1 GB/s goal (issue: the formats serving engines ship)."""
+    print("  format                          compress+restore   goal      /memcopy  decompress  evidence")
+    for row in engine_menu("all"):
+        g = go_bench(src, runs, row["name"], "CompressRestore|Decompress")
+        cr = g["CompressRestore"]
+        print(f"  {row['name']:30s} {cr:9.0f} MB/s  >={TARGET_MBPS:5d} {'met ' if cr >= TARGET_MBPS else 'MISS'} "
+              f"{cr / memcopy:5.3f}  {g['Decompress']:6.0f} MB/s  {row['evidence']}")
+    print("  (MB/s of F32 input, 2 goroutines, the engine's rotation included where it has one)\n")
 
 
 TARGET_HALF_OF_F32 = 0.85  # F16/BF16 compress+restore, elements/s, against F32 of the same preset
@@ -179,7 +191,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--go-runs", type=int, default=20)
     ap.add_argument("--sweep-windows", type=int, default=3)
-    ap.add_argument("--only", choices=["server", "store", "budget", "write"],
+    ap.add_argument("--only", choices=["server", "store", "budget", "write", "engines"],
                     help="run one section alone (server: the codec server's; store: the results store and Ray; "
                     "budget: the sensitivity pass)")
     args = ap.parse_args()
@@ -202,6 +214,12 @@ def main() -> None:
         return
     if args.only == "write":
         write_costs(model, ids, args.sweep_windows)
+        return
+    if args.only == "engines":
+        with tempfile.TemporaryDirectory(prefix="kvlib-bench-engines-") as tmp:
+            src = Path(tmp) / "kv2048.safetensors"
+            save_kv_cache(make_cache(cache_layers(kv)), src, model_name="SmolLM2-135M")
+            engine_table(src, args.go_runs, go_bench(src, args.go_runs, which="Memcopy")["Memcopy"])
         return
     if args.only == "server":
         with tempfile.TemporaryDirectory(prefix="kvlib-bench-server-") as tmp:
@@ -236,6 +254,8 @@ def main() -> None:
               f"cosine {rt['cosine_similarity']:.5f}, {rt['quality_level']}\n")
         print("== Every preset on the same cache")
         preset_table(cli, src, args.go_runs, g["Memcopy"])
+        print("== Every engine format on the same cache")
+        engine_table(src, args.go_runs, g["Memcopy"])
         print("== Half-precision input: every preset on F32, F16 and BF16 copies of the same cache")
         dtype_table(src, tmp, args.go_runs)
         print("== The lossless stage on the same cache")
