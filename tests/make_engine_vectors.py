@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import engine_reference as er
+import sglang_reference as sr
 import vllm_reference as vr
 from kvq_reference import decode, encode, to_bf16_bits
 
@@ -89,6 +90,11 @@ def run_case(c: dict) -> dict:
         if "error" in c:
             continue
         x = decode(t["raw"], t["dtype"])
+        if fmt.startswith("sglang:"):  # rotate holds the static scale
+            raw, y = sr.compress_tensor(x, fmt.split(":")[1], t["dtype"], rotate)
+            out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
+                       non_finite=int(np.sum(~np.isfinite(y))), saturated=0)
+            continue
         if fmt.startswith("vllm:"):  # rotate holds the static scale of a per-tensor format
             raw, y = vr.compress_tensor(x.reshape(t["shape"]), fmt.split(":")[1], rotate)
             out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
@@ -194,7 +200,30 @@ def _cases() -> list[dict]:
     # head_dim 80 is fine for f16, which has no blocks
     t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
     cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
-    return cases + _vllm_cases(rng)
+    return cases + _vllm_cases(rng) + _sglang_cases(rng)
+
+
+def _sglang_cases(rng) -> list[dict]:
+    """SGLang 0.5.10.post1's FP8 formats (tests/sglang_reference.py): every format on F32, F16 and
+    BF16 caches with head_dim 64, 128 and 256; a checkpoint scale (the division in the cache's dtype);
+    values past the range (NaN for e4m3, Inf for e5m2, as torch's cast gives)."""
+    cases = []
+    for fmt in sr.FORMATS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+                cases.append(dict(name=f"sglang_{fmt}_{dtype.lower()}_hd{hd}", spec=f"sglang:{fmt}", tensors=ts,
+                                  schemes={t["name"]: (f"sglang:{fmt}", 1.0) for t in ts}))
+            x = kv(rng, [1, 2, 3, 64], "key") * F32(30)
+            ts = [tensor("layer_0_key", x, dtype)]
+            cases.append(dict(name=f"sglang_{fmt}_{dtype.lower()}_scale", spec=f"sglang:{fmt}/scale0.37", tensors=ts,
+                              schemes={"layer_0_key": (f"sglang:{fmt}", 0.37)}))
+        edge = np.array([1e5, -1e5, 448, 464, 465, -470, 480, 57344, 61439, 61440, 7e4, 3.3e38, 2.0 ** -9, 2.0 ** -10,
+                         2.0 ** -16, 2.0 ** -17, -0.0, 0.0, 1.0625, 17, 19, 0.3, -0.7, 500] * 4 + [0.0] * 32, F32)
+        cases.append(dict(name=f"sglang_{fmt}_past_the_range", spec=f"sglang:{fmt}",
+                          tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
+                          schemes={"layer_0_key": (f"sglang:{fmt}", 1.0)}))
+    return cases
 
 
 def _vllm_cases(rng) -> list[dict]:
@@ -305,7 +334,7 @@ def _rotations() -> list[dict]:
 
 def build() -> dict:
     return {"format": "kvq", "engine": "llama.cpp",
-            "engine_version": "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36", "vllm_version": vr.VERSION,
+            "engine_version": "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36", "vllm_version": vr.VERSION, "sglang_version": sr.VERSION,
             "cases": [run_case(c) for c in _cases()], "blocks": _blocks(), "rotations": _rotations()}
 
 

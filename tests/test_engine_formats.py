@@ -96,7 +96,7 @@ def test_cli_reproduces_engine_vectors(case, cli, tmp_path):
         if "rotation_size" in t:  # an engine format: the report says what the rotation did (llama.cpp's)
             assert tr.get("rotation_size", 0) == t["rotation_size"] and tr.get("non_finite", 0) == t["non_finite"]
             assert tr.get("saturated", 0) == t.get("saturated", 0)
-            assert tr["rotation"].startswith(("on", "off")) if not t["format"].startswith("vllm:") else "rotation" not in tr
+            assert tr["rotation"].startswith(("on", "off")) if ":" not in t["format"] else "rotation" not in tr
     assert set(parts) == {t["name"] + ".codes" for t in case["tensors"]}
     proc = subprocess.run([cli, "decompress", "-input", str(kvq), "-output", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -116,7 +116,7 @@ def test_schemes_lists_the_engine_formats(cli):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("sglang:fp8_e4m3", 'unknown engine "sglang"'), ("vllm:fp8/scale0", "positive finite float32 scale"), ("llama.cpp:q3_k", 'llama.cpp has no KV-cache format "q3_k"'),
+    ("trtllm:fp8", 'unknown engine "trtllm"'), ("vllm:fp8/scale0", "positive finite float32 scale"), ("llama.cpp:q3_k", 'llama.cpp has no KV-cache format "q3_k"'),
     ("llama.cpp:f16/rot", "never rotated"), ("llama.cpp:q4_0/g64", "blocks of 32"), ("none/rot", "unchanged"),
 ])
 def test_bad_engine_specs_are_one_line(spec, words, cli):
@@ -260,7 +260,7 @@ def test_c_harness_reproduces_the_vectors(harness):
         if "error" in c:
             continue
         for t in c["tensors"]:
-            if "rotation_size" not in t or t["format"].startswith("vllm:"):  # none, and vLLM's (tests/test_vllm_formats.py)
+            if "rotation_size" not in t or t["format"].startswith(("vllm:", "sglang:")):  # none, vLLM's, SGLang's
                 continue
             fmt, x = t["format"], decode(bytes.fromhex(t["input_hex"]), t["dtype"])
             raw, y = _run_c(harness, fmt, t["rotation_size"], x)

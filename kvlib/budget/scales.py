@@ -1,5 +1,5 @@
 """Calibrated static scales for the engines' per-tensor formats (vLLM's ``fp8``, ``fp8_e4m3``,
-``fp8_e5m2``): the scale a quantized checkpoint would carry, next to the 1.0 a user gets from the
+``fp8_e5m2``, SGLang's ``fp8_e4m3``, ``fp8_e5m2``): the scale a quantized checkpoint would carry, next to the 1.0 a user gets from the
 flag alone.
 
 Rule: per layer and role, scale = amax / FP8_MAX over the context caches of the calibration windows
@@ -23,7 +23,8 @@ from kvlib.scoring.provenance import RunIdentity, ids_digest
 from kvlib.scoring.store import ResultsStore, unit_key
 
 # The largest finite value of each per-tensor format's float8 (what scale 1 saturates beyond).
-FORMAT_MAX = {"vllm:fp8": 448.0, "vllm:fp8_e4m3": 448.0, "vllm:fp8_e5m2": 57344.0}
+FORMAT_MAX = {"vllm:fp8": 448.0, "vllm:fp8_e4m3": 448.0, "vllm:fp8_e5m2": 57344.0, "sglang:fp8_e4m3": 448.0,
+              "sglang:fp8_e5m2": 57344.0}
 CALIBRATED = "@calibrated"  # the name suffix of a codec with calibrated scales
 
 

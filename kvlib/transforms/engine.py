@@ -18,6 +18,11 @@ has one (attention/attention.py:470-526; kv_cache.py:147-196 sets it to 1.0 even
 "Setting it to k_scale"): ``k=vllm:fp8_e4m3,v=none``, Q clamped to +-448 and rounded. fp8_e5m2
 and the per-token-head formats leave Q exact (attention.py:517; triton_attn.py:648-652). vLLM
 keeps the model's channel order.
+
+And for SGLang (0.5.10.post1): with ``fp8_e4m3`` its FlashAttention-3 backend (the default on Hopper)
+casts Q with a plain ``q.to(torch.float8_e4m3fn)``, no scale, when head_dim <= 256
+(srt/layers/attention/flashattention_backend.py): ``k=sglang:fp8_e4m3,v=none``, NaN past 464 as the
+cast gives. fp8_e5m2 runs on the triton backend there; its Q is left exact here.
 """
 
 from __future__ import annotations
@@ -42,13 +47,16 @@ def gguf_order(head_dim: int) -> torch.Tensor:
 
 def query_codec(key: Scheme) -> CodecConfig | None:
     """How the engine converts Q for a K of scheme ``key`` (None: it reads Q exactly). llama.cpp:
-    f16 for an f16 K, else q8_0 rotated as K; vLLM: e4m3 at q_scale 1 for an fp8/fp8_e4m3 K."""
+    f16 for an f16 K, else q8_0 rotated as K; vLLM: e4m3 at q_scale 1 for an fp8/fp8_e4m3 K; SGLang:
+    torch's e4m3 cast for an fp8_e4m3 K."""
     if key.method == "llama.cpp:f16":
         return resolve_codec("k=llama.cpp:f16,v=none")
     if key.method.startswith("llama.cpp:"):
         return resolve_codec("k=llama.cpp:q8_0" + ("" if key.rotate else "/norot") + ",v=none")
     if key.method in ("vllm:fp8", "vllm:fp8_e4m3"):
         return resolve_codec("k=vllm:fp8_e4m3,v=none")
+    if key.method == "sglang:fp8_e4m3":
+        return resolve_codec("k=sglang:fp8_e4m3,v=none")
     return None
 
 

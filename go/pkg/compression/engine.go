@@ -69,7 +69,7 @@ const (
 )
 
 // engines lists the engines, in the order kv-compress schemes shows them.
-var engines = []*engine{llamaCpp, vllm}
+var engines = []*engine{llamaCpp, vllm, sglang}
 
 // engineMethods are the quantizers of every engine format, and the
 // identity scheme none, looked up by quantizerOf after methods.

@@ -281,7 +281,8 @@ func TestParseEngineSpecs(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"sglang:fp8_e4m3", `unknown engine "sglang" in "sglang:fp8_e4m3" (engines: llama.cpp, vllm)`},
+		{"trtllm:fp8", `unknown engine "trtllm" in "trtllm:fp8" (engines: llama.cpp, vllm, sglang)`},
+		{"sglang:fp4_e2m1", `sglang has no KV-cache format "fp4_e2m1" (its formats: fp8_e4m3, fp8_e5m2)`},
 		{"vllm:fp8/scale0", "vllm:fp8 takes a positive finite float32 scale"},
 		{"vllm:fp8/scale-1", "vllm:fp8 takes a positive finite float32 scale"},
 		{"vllm:fp8/scale1e39", "vllm:fp8 takes a positive finite float32 scale"},
@@ -378,11 +379,11 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 12 {
+	if all, err := EngineReport("all"); err != nil || len(all) != 14 {
 		t.Errorf("all: %d, %v", len(all), err)
 	}
-	if _, err := EngineReport("sglang"); err == nil || err.Error() != `unknown engine "sglang" (engines: llama.cpp, vllm, or all)` {
-		t.Errorf("sglang: %v", err)
+	if _, err := EngineReport("trtllm"); err == nil || err.Error() != `unknown engine "trtllm" (engines: llama.cpp, vllm, sglang, or all)` {
+		t.Errorf("trtllm: %v", err)
 	}
 	rows, err = EngineReport("vllm")
 	want := []struct {

@@ -90,3 +90,30 @@ func BenchmarkVLLMFormats(b *testing.B) {
 		})
 	}
 }
+
+// torch's cast, which SGLang's write calls: round to nearest even, and
+// past the range NaN (e4m3fn) or Inf (e5m2), signed; e4m3's 464 is a tie
+// that goes to 448.
+func TestTorchFP8CastIsNotSaturating(t *testing.T) {
+	for _, tc := range []struct {
+		f    *fp8Format
+		x    float32
+		want uint8
+	}{
+		{fp8E4M3, 448, 0x7e}, {fp8E4M3, 464, 0x7e}, {fp8E4M3, 464.5, 0x7f}, {fp8E4M3, -500, 0xff},
+		{fp8E4M3, float32(math.Inf(1)), 0x7f}, {fp8E4M3, float32(math.NaN()), 0x7f},
+		{fp8E5M2, 57344, 0x7b}, {fp8E5M2, 61439, 0x7b}, {fp8E5M2, 61440, 0x7c}, {fp8E5M2, -1e6, 0xfc},
+		{fp8E5M2, float32(math.Inf(-1)), 0xfc},
+	} {
+		if got := tc.f.encodeTorch(tc.x); got != tc.want {
+			t.Errorf("encodeTorch(%g) = %#x, want %#x", tc.x, got, tc.want)
+		}
+	}
+	for c := 0; c < 0x7f; c++ { // every finite value is its own code, as with the saturating cast
+		for _, f := range []*fp8Format{fp8E4M3, fp8E5M2} {
+			if c <= int(f.maxCode) && f.encodeTorch(f.decode[c]) != uint8(c) {
+				t.Errorf("%g", f.decode[c])
+			}
+		}
+	}
+}
