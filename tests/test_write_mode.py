@@ -3,6 +3,8 @@ same codec (server or file CLI) as prefix mode, units keyed by mode, every windo
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -185,3 +187,25 @@ def test_engine_flag_sweeps_the_menu_in_write_mode(monkeypatch):
     with pytest.raises(SystemExit):
         cli_module.main(["--engine", "llama.cpp", "--mode", "prefix"])
     assert seen["mode"] == "prefix" and len(seen["codecs"]) == 7
+
+
+def test_a_cache_the_engine_made_nan_fails_the_window(tiny_llama):
+    """An engine format that writes NaN (SGLang's e4m3 cast past 464) spreads it to every later layer,
+    as in the engine: the window's scores are NaN, nothing is sent to the codec after it."""
+    from kvlib.scoring.write import score_write
+
+    class Overflowing:
+        seconds: dict = {}
+        calls: list = []
+
+        def roundtrip_layer(self, layer, key, value):
+            self.calls.append(layer)
+            return (key * float("nan") if layer == 0 else key), value, None
+
+    ids = _ids(40)
+    t = Overflowing()
+    with torch.no_grad():
+        logp = torch.log_softmax(tiny_llama(ids).logits[0, -11:-1].float(), -1)
+    nll, kld, top1, m, _ = score_write(tiny_llama, ids, 10, ids[0, -10:], logp, t)
+    assert math.isnan(nll) and all(math.isnan(k) for k in kld) and top1 == 0 and m is None
+    assert t.calls == [0]  # layer 1's K arrives NaN: no codec call for it

@@ -235,6 +235,13 @@ def preset_bits() -> dict[str, float]:
     return {p["name"]: (p["key_bits_per_element"] + p["value_bits_per_element"]) / 2 for p in _check(("schemes",))}
 
 
+def nominal_bits(spec: str) -> float:
+    """A spec's nominal bits per element (the CLI's ``check``, keys and values averaged; per-layer
+    overrides aside): for a scheme whose run produced no measured size."""
+    d = _check(("check", "-scheme", spec))
+    return (d["key_bits_per_element"] + d["value_bits_per_element"]) / 2
+
+
 @lru_cache(maxsize=1)
 def codec_gates() -> dict[str, Any]:
     """The CLI's quality levels (best first: name, max_rmse, min_snr_db) and its default quality

@@ -25,12 +25,11 @@ import torch
 from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
 from kvlib.budget.scales import calibrated_scales
 from kvlib.runs.engines import engine_tables, print_engine_tables
-from kvlib.codec.spec import engine_menu
 from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.codec.metrics import CompressionMetrics, pool_tensors
-from kvlib.codec.spec import LOSSLESS_SUFFIX, CodecConfig, presets, resolve_codec
+from kvlib.codec.spec import LOSSLESS_SUFFIX, CodecConfig, engine_menu, nominal_bits, presets, resolve_codec
 from kvlib.env import flag
 from kvlib.gates import CI_LEVEL, CI_METHOD, MIN_CI_UNITS, PPL_DELTA_THRESHOLD, robust, verdict
 from kvlib.models import corpus
@@ -93,7 +92,7 @@ class SchemeResult:
         if self.error:
             return "not run"
         if not self.passed:
-            return "FAIL"
+            return "FAIL (NaN: the cache overflowed)" if math.isnan(self.context_delta) else "FAIL"
         if math.isnan(self.ci_high):
             return f"PASS (no CI: fewer than {MIN_CI_UNITS} windows)"
         return "PASS (robust)" if self.robust else "PASS (CI crosses the gate)"
@@ -190,7 +189,7 @@ def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, thresh
     comp = ppl.compression
     r = SchemeResult(
         name=name, spec=spec, kind=kind,
-        bits_per_element=comp.bits_per_element if comp else math.nan,
+        bits_per_element=comp.bits_per_element if comp else nominal_bits(spec) if kind == CodecRoundtrip.kind else math.nan,
         compression_ratio=comp.compression_ratio if comp else math.nan,
         compressed_perplexity=ppl.compressed_perplexity, delta=ppl.delta,
         context_compressed_perplexity=ppl.context_compressed_perplexity, context_delta=ppl.context_delta,

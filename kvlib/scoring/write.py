@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import time
 from typing import Any, Iterator
 
@@ -57,13 +58,22 @@ def queries_through(model: Any, transform: Any) -> Iterator[None]:
         _QUERIES.reset(token)
 
 
+class NonFiniteWrite(ArithmeticError):
+    """A layer's K or V reached the cache as NaN or Inf: an engine format made them upstream (an e4m3
+    cast past its range gives NaN, which attention spreads to every later layer), so the window's
+    output is NaN, as the engine's would be."""
+
+
 def write_cache(model: Any, transform: Any, sink: list) -> Any:
     """An empty cache of the model's layout whose writes go through ``transform.roundtrip_layer``:
-    attention gets (and the cache keeps) the reconstructions. Each layer's metrics go to ``sink``."""
+    attention gets (and the cache keeps) the reconstructions. Each layer's metrics go to ``sink``.
+    NonFiniteWrite when a layer's K or V is already NaN or Inf."""
     cache = new_cache(model)
     update = cache.update
 
     def write(key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any) -> Any:
+        if not (torch.isfinite(key_states).all() and torch.isfinite(value_states).all()):
+            raise NonFiniteWrite(f"layer {layer_idx}: K or V is NaN or Inf before its write")
         k, v, m = transform.roundtrip_layer(layer_idx, key_states, value_states)
         sink.append(m)
         return update(k, v, layer_idx, *args, **kw)
@@ -80,9 +90,12 @@ def score_write(model: Any, ids: torch.Tensor, num_targets: int, targets: torch.
     sink: list = []
     seconds0 = sum(getattr(transform, "seconds", {}).values())
     t0 = time.perf_counter()
-    with queries_through(model, transform):
-        out = model(input_ids=ids, past_key_values=write_cache(model, transform, sink), use_cache=True,
-                    logits_to_keep=num_targets + 1)
+    try:
+        with queries_through(model, transform):
+            out = model(input_ids=ids, past_key_values=write_cache(model, transform, sink), use_cache=True,
+                        logits_to_keep=num_targets + 1)
+    except NonFiniteWrite:  # the engine's output is NaN: no number survives, the window fails
+        return math.nan, [math.nan] * num_targets, 0, None, time.perf_counter() - t0
     wall = time.perf_counter() - t0
     spent = sum(getattr(transform, "seconds", {}).values()) - seconds0 if hasattr(transform, "seconds") else wall
     logp = F.log_softmax(out.logits[0, :-1].float(), dim=-1)
