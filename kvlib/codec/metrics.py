@@ -100,10 +100,14 @@ def pooled_quality(s: dict[str, float]) -> dict[str, float]:
 
 
 def _add_sums(a: dict[str, float] | None, b: dict[str, float]) -> dict[str, float]:
+    """Raw sums added; a sum the CLI wrote as null (not finite: an engine format's NaN or Inf in
+    the reconstruction) is NaN, and stays NaN."""
+    b = {k: math.nan if v is None else v for k, v in b.items()}
     if a is None:
-        return dict(b)
+        return b
     out = {k: a[k] + b[k] for k in ("n", "sum_x2", "sum_y2", "sum_xy", "sum_e2")}
-    out["max_error"] = max(a["max_error"], b["max_error"])
+    m = (a["max_error"], b["max_error"])
+    out["max_error"] = math.nan if any(math.isnan(v) for v in m) else max(m)
     return out
 
 
