@@ -86,7 +86,7 @@ class CLICacheRoundtrip(CodecRoundtrip):
         t0 = time.perf_counter()
         src = self.context.path_for(cache)
         t1 = time.perf_counter()
-        metrics = roundtrip_kv_cache(src, dst, codec=self.codec.for_layer(layer))
+        metrics = roundtrip_kv_cache(src, dst, codec=self.codec)
         t2 = time.perf_counter()
         restored, _ = load_kv_cache(dst, device=str(k0.device))
         # In the context's own layout (sliding-window layers included); bfloat16 travels as float32.
