@@ -162,3 +162,15 @@ def test_pyproject_ships_every_subpackage():
         assert pkgs <= listed, f"not in pyproject.toml's packages: {pkgs - listed}"
     else:  # packages.find
         assert find["find"]["include"] == ["kvlib*"]
+
+
+def test_the_built_in_peers_are_registered_by_whoever_builds_transforms():
+    """A sweep run from the CLI imports nothing of the peers' module itself: building transforms
+    registers them (a fresh interpreter, as kv-validate starts)."""
+    import subprocess
+    import sys
+
+    code = ("import kvlib.runs.sweep\nfrom kvlib.transforms.base import peer_transforms\n"
+            "print(sorted(t.name for t in peer_transforms()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "hf-quanto-int4" in out and "hf-quanto-int2" in out

@@ -25,6 +25,7 @@ from kvlib.dtypes import stored
 from kvlib.codec.spec import CodecConfig, resolve_codec
 from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
 from kvlib.transforms.engine import engine_write
+from kvlib.transforms import peer as _builtin_peers  # noqa: F401  (registers the built-in peers: quanto)
 
 
 class ContextFile:
