@@ -115,3 +115,15 @@ def test_too_short_corpus_is_an_input_error(tmp_path, capsys, cli):
     assert main(["--corpus", str(short), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "short.txt" in err and "too short for a window with a compressed context" in err
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does():
+    """kv-validate turns SIGTERM into SystemExit(143), so every with-block and finally runs
+    (temporary directories, the codec server): a killed run leaves nothing behind."""
+    import signal
+
+    from kvlib.cli import stop_on_sigterm
+
+    with pytest.raises(SystemExit) as e:
+        stop_on_sigterm(signal.SIGTERM, None)
+    assert e.value.code == 143
