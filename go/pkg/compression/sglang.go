@@ -61,15 +61,8 @@ func (f *fp8Format) encodeTorch(y float32) uint8 {
 	if a > 0x7f800000 {
 		return sign | 0x7f
 	}
-	var code uint32
-	if int(a>>23)-127 >= 1-f.bias {
-		shift := uint32(23 - f.mant)
-		code = (a+(1<<(shift-1)-1)+(a>>shift&1))>>shift - uint32(127-f.bias)<<f.mant
-	} else {
-		code = uint32(math.RoundToEven(float64(math.Float32frombits(a)) * math.Ldexp(1, f.bias-1+f.mant)))
-	}
 	top := uint32(f.maxCode) + 1 // e4m3fn: 0x7f, NaN; e5m2: 0x7c, Inf
-	return sign | uint8(min(code, top))
+	return sign | uint8(min(f.rounded(a), top))
 }
 
 // encodeTorchFP8All is set_kv_buffer on a chunk: with a scale other than

@@ -108,19 +108,23 @@ func newFP8Format(mant, bias int, maxCode uint8) *fp8Format {
 // largest; NaN the canonical NaN.
 func (f *fp8Format) encode(y float32) uint8 {
 	u := math.Float32bits(y)
-	sign, a := uint8(u>>24)&0x80, u&0x7fffffff
-	if a > 0x7f800000 {
+	if u&0x7fffffff > 0x7f800000 {
 		return f.nan
 	}
-	var code uint32
+	return uint8(u>>24)&0x80 | uint8(min(f.rounded(u&0x7fffffff), uint32(f.maxCode)))
+}
+
+// rounded is the code of the magnitude a (float32 bits, finite or Inf)
+// rounded to nearest even, unbounded: past the largest finite value it
+// counts on (an Inf's is far past it).
+func (f *fp8Format) rounded(a uint32) uint32 {
 	if int(a>>23)-127 >= 1-f.bias { // a normal number of the format (or beyond it)
 		shift := uint32(23 - f.mant)
 		r := (a + (1<<(shift-1) - 1) + (a >> shift & 1)) >> shift // round the mantissa, to even
-		code = r - uint32(127-f.bias)<<f.mant
-	} else { // a subnormal of the format, or zero: an exact scaling, then one rounding
-		code = uint32(math.RoundToEven(float64(math.Float32frombits(a)) * math.Ldexp(1, f.bias-1+f.mant)))
+		return r - uint32(127-f.bias)<<f.mant
 	}
-	return sign | uint8(min(code, uint32(f.maxCode)))
+	// a subnormal of the format, or zero: an exact scaling, then one rounding
+	return uint32(math.RoundToEven(float64(math.Float32frombits(a)) * math.Ldexp(1, f.bias-1+f.mant)))
 }
 
 // encodeFP8All and decodeFP8All are a per-tensor FP8 format's conversion
