@@ -1,6 +1,6 @@
 """Calibrated static scales for the engines' per-tensor formats (vLLM's ``fp8``, ``fp8_e4m3``,
-``fp8_e5m2``, SGLang's ``fp8_e4m3``, ``fp8_e5m2``): the scale a quantized checkpoint would carry, next to the 1.0 a user gets from the
-flag alone.
+``fp8_e5m2``; SGLang's ``fp8_e4m3``, ``fp8_e5m2``): the scale a quantized checkpoint would carry,
+next to the 1.0 a user gets from the flag alone.
 
 Rule: per layer and role, scale = amax / FP8_MAX over the context caches of the calibration windows
 (never the evaluated ones), as float32 — the static per-tensor rule of an FP8 ``kv_cache_scheme``
