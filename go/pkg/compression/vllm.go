@@ -153,27 +153,16 @@ func decodeFP8All(f *fp8Format) func(j *tensorJob, y []float32, qlo, qhi int) {
 	}
 }
 
-// A perHeadCode is how a per-token-head format writes and reads one code.
+// A perHeadCode is how a per-token-head format writes and reads one code:
+// int8 (codes rounded half away from zero) or fp8 e4m3.
 type perHeadCode struct {
 	qmax, qmin float32
-	encode     func(v float32) uint8 // v = x * (1/scale), before the clamp
-	decode     func(c uint8) float32
+	int8       bool
 }
 
 var (
-	perHeadInt8 = perHeadCode{qmax: 127, qmin: -128,
-		encode: func(v float32) uint8 {
-			if v >= 0 { // round half away from zero; the store truncates
-				v += 0.5
-			} else {
-				v -= 0.5
-			}
-			return uint8(int8(min(max(v, -128), 127)))
-		},
-		decode: func(c uint8) float32 { return float32(int8(c)) }}
-	perHeadFP8 = perHeadCode{qmax: 448, qmin: -448,
-		encode: func(v float32) uint8 { return fp8E4M3.encode(min(max(v, -448), 448)) },
-		decode: func(c uint8) float32 { return fp8E4M3.decode[c] }}
+	perHeadInt8 = perHeadCode{qmax: 127, qmin: -128, int8: true}
+	perHeadFP8  = perHeadCode{qmax: 448, qmin: -448}
 )
 
 // perHeadQuantizer writes one head vector x: its codes, then its float32
@@ -181,17 +170,31 @@ var (
 // an Inf.
 func perHeadQuantizer(p perHeadCode) func(x []float32, dst []byte) bool {
 	return func(x []float32, dst []byte) bool {
-		var amax float32
-		nonFinite := false
+		var top uint32 // the largest |x| as float32 bits (they order as the magnitudes; NaN above Inf)
 		for _, v := range x {
-			a := float32(math.Abs(float64(v)))
-			nonFinite = nonFinite || a > math.MaxFloat32 || v != v
-			amax = max(amax, a)
+			top = max(top, math.Float32bits(v)&0x7fffffff)
 		}
-		scale := max(amax/p.qmax, 1e-6)
+		nonFinite := top >= 0x7f800000
+		scale := max(math.Float32frombits(top)/p.qmax, 1e-6)
 		inv := 1 / scale
-		for i, v := range x {
-			dst[i] = p.encode(float32(v * inv)) // rounded before the encoder adds 0.5: no fused multiply-add
+		codes := dst[:len(x)]
+		if p.int8 {
+			for i, v := range x {
+				q := float32(v * inv) // rounded before 0.5 is added: no fused multiply-add
+				// ±0.5 by q's sign (the kernel's q >= 0 ? q + 0.5 : q - 0.5; a -0 gives code 0
+				// either way), then the clamp and the store's truncation
+				q += math.Float32frombits(math.Float32bits(q)&0x80000000 | 0x3f000000)
+				if q > 127 {
+					q = 127
+				} else if q < -128 {
+					q = -128
+				}
+				codes[i] = uint8(int8(q))
+			}
+		} else {
+			for i, v := range x {
+				codes[i] = fp8E4M3.encode(min(max(float32(v*inv), -448), 448))
+			}
 		}
 		binary.LittleEndian.PutUint32(dst[len(x):], math.Float32bits(scale))
 		return nonFinite
@@ -201,8 +204,15 @@ func perHeadQuantizer(p perHeadCode) func(x []float32, dst []byte) bool {
 func perHeadDequantizer(p perHeadCode) func(src []byte, dst []float32) {
 	return func(src []byte, dst []float32) {
 		scale := math.Float32frombits(binary.LittleEndian.Uint32(src[len(dst):]))
-		for i := range dst {
-			dst[i] = p.decode(src[i]) * scale
+		codes := src[:len(dst)]
+		if p.int8 {
+			for i, c := range codes {
+				dst[i] = float32(int8(c)) * scale
+			}
+			return
+		}
+		for i, c := range codes {
+			dst[i] = fp8E4M3.decode[c] * scale
 		}
 	}
 }
