@@ -209,3 +209,16 @@ def test_a_cache_the_engine_made_nan_fails_the_window(tiny_llama):
     nll, kld, top1, m, _ = score_write(tiny_llama, ids, 10, ids[0, -10:], logp, t)
     assert math.isnan(nll) and all(math.isnan(k) for k in kld) and top1 == 0 and m is None
     assert t.calls == [0]  # layer 1's K arrives NaN: no codec call for it
+
+
+def test_a_sweep_keys_llamacpp_formats_by_the_models_channel_order(tiny_dir, tmp_path):
+    """A sweep's write mode knows the architecture before the model loads (its config): a Llama's
+    llama.cpp formats go in GGUF's channel order, and their units say so."""
+    from kvlib.runs.sweep import run_sweep
+
+    r = run_sweep(["llama.cpp:q8_0"], model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"),
+                  device="cpu", stride=64, max_windows=2, context_length=128, peers=False, verbose=False,
+                  results=tmp_path / "store", mode="write")
+    keys = [p.read_text() for p in (tmp_path / "store").rglob("*.json")]
+    assert any("channel order gguf" in k for k in keys) and not any("channel order model" in k for k in keys)
+    assert r.schemes[0].name == "llama.cpp:q8_0"

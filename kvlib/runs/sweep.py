@@ -242,6 +242,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
                   peers: bool = False, max_windows: int | None = None, progress: bool = False,
                   store: ResultsStore | None = None, identity: RunIdentity | None = None,
                   executor: Any = None, job: ScoringJob | None = None, mode: str = "prefix",
+                  architecture: str | None = None,
                   ) -> tuple[list[SchemeResult], PerplexityResult, dict[str, float]]:
     """Score every codec (and the peers) over the same windows; the shared core
     of run_sweep and run_full_validation. Returns the scheme results, the first
@@ -255,7 +256,8 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     missing_peer = peers_unavailable() if peers else None
     peer_list = peer_transforms() if peers else []
     # name -> (kind, spec as shown, spec as keyed): what each transform computes, before any is built
-    architecture = getattr(getattr(lm, "config", None), "model_type", None)
+    # the model's architecture (the engines' write path depends on it): given, or the model's config
+    architecture = architecture or getattr(getattr(lm, "config", None), "model_type", None)
     described = {c.name: (CodecRoundtrip.kind, c.spec,
                           c.spec + (write_path_key(*write_path(c, architecture)) if mode == "write" else ""))
                  for c in codecs}
@@ -394,7 +396,8 @@ def run_sweep(
     with tempfile.TemporaryDirectory(prefix="kvlib-sweep-") as tmp:
         schemes, first, timing = score_schemes(
             run.load, run.ids, run.context_length, stride, resolved, workdir or tmp, run.name, threshold, peers,
-            max_windows, progress, store=run.store, identity=run.identity, executor=executor, job=job, mode=mode)
+            max_windows, progress, store=run.store, identity=run.identity, executor=executor, job=job, mode=mode,
+            architecture=getattr(run.config, "model_type", None))
         seconds = time.perf_counter() - t0 - (0.0 if loaded_before else run.model_load_s)
         run.say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, resolved, checks, workdir or tmp,

@@ -237,7 +237,7 @@ def run_full_validation(
         (scheme,), ppl, bridge_timing = score_schemes(
             run.load, run.ids, L, stride, [codec], work / "windows", run.name, threshold, peers=False,
             max_windows=max_windows, progress=progress, store=run.store, identity=run.identity,
-            executor=executor, job=job, mode=mode)
+            executor=executor, job=job, mode=mode, architecture=getattr(run.config, "model_type", None))
         _say(verbose, f"    Units: {bridge_timing['units_computed']:.0f} computed, "
                       f"{bridge_timing['units_reused']:.0f} read from the store")
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, [codec], checks, work, run.name,
