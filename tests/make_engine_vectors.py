@@ -208,7 +208,7 @@ def _sglang_cases(rng) -> list[dict]:
     BF16 caches with head_dim 64, 128 and 256; a checkpoint scale (the division in the cache's dtype);
     values past the range (NaN for e4m3, Inf for e5m2, as torch's cast gives)."""
     cases = []
-    for fmt in sr.FORMATS:
+    for fmt in sr.FP8_FORMATS:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
                 ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
@@ -223,6 +223,36 @@ def _sglang_cases(rng) -> list[dict]:
         cases.append(dict(name=f"sglang_{fmt}_past_the_range", spec=f"sglang:{fmt}",
                           tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
                           schemes={"layer_0_key": (f"sglang:{fmt}", 1.0)}))
+    return cases + _sglang_fp4_cases(rng)
+
+
+def _sglang_fp4_cases(rng) -> list[dict]:
+    """sglang:fp4_e2m1: F32, F16 and BF16 caches with head_dim 64, 128 and 256 (outlier key channels,
+    an all-zero token-head); blocks on the E2M1 bounds (ties away from zero), block maxima at and just
+    past 6 * 2**k, tiny and huge blocks, negative values that round to 0; head_dim 40 refused."""
+    fmt, cases = "sglang:fp4_e2m1", []
+    for dtype in ("F32", "F16", "BF16"):
+        for hd in (64, 128, 256):
+            ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+            cases.append(dict(name=f"sglang_fp4_e2m1_{dtype.lower()}_hd{hd}", spec=fmt, tensors=ts,
+                              schemes={t["name"]: (fmt, 1.0) for t in ts}))
+    ties = np.array([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -1.25, -2.5, -5, -0.1, 0.2499, 4.99, -0.0], F32)
+    edges = [ties, ties * F32(2.0 ** -7), ties * F32(2.0 ** 9),
+             np.r_[F32(48.25), np.linspace(-40, 40, 15, dtype=F32)].astype(F32),  # just past 6 * 2**3
+             np.r_[np.nextafter(F32(24), F32(30)), np.ones(15, F32)].astype(F32),  # 1 ulp past 6 * 2**2
+             np.r_[F32(6e-10), -F32(1e-12), np.zeros(14, F32)].astype(F32),  # the 1e-10 floor
+             np.r_[F32(3.4e38), -F32(3.4e38), np.ones(14, F32)].astype(F32),  # the largest scale byte: Inf read back
+             np.r_[F32(-0.5), F32(-1e-20), np.zeros(14, F32)].astype(F32)]
+    x = np.concatenate(edges).reshape(1, 1, 2, 64)
+    cases.append(dict(name="sglang_fp4_e2m1_edges", spec=fmt, tensors=[tensor("layer_0_key", x, "F32")],
+                      schemes={"layer_0_key": (fmt, 1.0)}))
+    x = rng.standard_normal([1, 2, 3, 40]).astype(F32)
+    cases.append(dict(name="sglang_fp4_e2m1_hd40_refused", spec=fmt, tensors=[tensor("t", x, "F32")],
+                      schemes={"t": (None, True)}, error="kvlib refuses SGLang's fp4_e2m1 for head_dim 40"))
+    x = rng.standard_normal([1, 1, 2, 64]).astype(F32)
+    x[0, 0, 1, 3] = np.inf
+    cases.append(dict(name="sglang_fp4_e2m1_inf", spec=fmt, tensors=[tensor("t", x, "F32")],
+                      schemes={"t": (None, True)}, error="NaN or Inf cannot be quantized"))
     return cases
 
 

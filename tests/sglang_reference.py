@@ -1,5 +1,5 @@
-"""NumPy reference of SGLang 0.5.10.post1's FP8 KV-cache formats (kv-compress's sglang:fp8_e4m3 and
-sglang:fp8_e5m2), for the shared vectors; tests/test_sglang_formats.py checks it and the CLI against
+"""NumPy reference of SGLang 0.5.10.post1's KV-cache formats (kv-compress's sglang:fp8_e4m3,
+sglang:fp8_e5m2 and sglang:fp4_e2m1), for the shared vectors; tests/test_sglang_formats.py checks it and the CLI against
 torch's own casts, which are what SGLang calls. Production code never imports it.
 
 MHATokenToKVPool.set_kv_buffer (srt/mem_cache/memory_pool.py:995-1030): with a checkpoint k_scale,
@@ -16,8 +16,9 @@ import numpy as np
 from kvq_reference import from_bf16_bits, to_bf16_bits
 
 F32 = np.float32
-VERSION = "SGLang 0.5.10.post1 (wheel; torch's float8 casts)"
-FORMATS = ("fp8_e4m3", "fp8_e5m2")
+VERSION = "SGLang 0.5.10.post1 (wheel)"
+FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp4_e2m1")
+FP8_FORMATS = ("fp8_e4m3", "fp8_e5m2")
 FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
 
 
@@ -44,6 +45,8 @@ def torch_cast_codes(y: np.ndarray, fmt: str) -> np.ndarray:
 
 def compress_tensor(x: np.ndarray, fmt: str, dtype: str, scale: float = 1.0) -> tuple[bytes, np.ndarray]:
     """One tensor's bytes and reconstruction, as set_kv_buffer writes it and attention reads it."""
+    if fmt == "fp4_e2m1":
+        return fp4_compress(x)
     x = np.asarray(x, F32).reshape(-1)
     s = F32(scale)
     y = x if s == 1 else round_to(x / round_to(s, dtype), dtype)
@@ -51,3 +54,32 @@ def compress_tensor(x: np.ndarray, fmt: str, dtype: str, scale: float = 1.0) -> 
     with np.errstate(invalid="ignore", over="ignore"):
         back = codes.view(FP8[fmt]).astype(F32) * s
     return codes.tobytes(), back.astype(F32)
+
+
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], F32)
+E2M1_BOUNDS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5], np.float64)
+
+
+def fp4_exponent(amax: np.ndarray) -> np.ndarray:
+    """KVFP4's block exponent, compiled as on CUDA: p = amax * float32(1/6), then the exact
+    ceil(log2(max(p, 1e-10))) (the smallest e with 2**e >= p, at least -33)."""
+    p = (np.asarray(amax, F32) * F32(1.0 / 6.0)).astype(np.float64)
+    frac, exp = np.frexp(np.maximum(p, 1e-300))
+    e = np.where(frac == 0.5, exp - 1, exp)
+    return np.where(p <= 1e-10, -33, e).astype(np.int64)
+
+
+def fp4_compress(x: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """sglang:fp4_e2m1 of a 4-D [b, h, t, d] tensor (d % 16 == 0): per block of 16, 8 bytes of
+    nibbles (element 2i low) then the scale byte e + 127; and the read (E2M1 value * 2**(sf-127))."""
+    blocks = np.asarray(x, F32).reshape(-1, 16)
+    e = fp4_exponent(np.max(np.abs(blocks), axis=1))
+    s = np.ldexp(blocks.astype(np.float64), -e[:, None])
+    codes = (s < 0).astype(np.uint8) << 3
+    codes += np.sum(np.abs(s)[..., None] >= E2M1_BOUNDS, axis=-1).astype(np.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    raw = np.concatenate([packed, (e + 127).astype(np.uint8)[:, None]], axis=1)
+    with np.errstate(over="ignore"):  # 6 * 2**126: Inf, as float32 gives
+        back = E2M1_VALUES[codes & 7] * np.ldexp(F32(1), e.astype(np.int32))[:, None].astype(F32)
+    back = np.where(codes & 8, -back, back).astype(F32)
+    return raw.tobytes(), back.reshape(-1)

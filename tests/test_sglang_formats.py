@@ -10,6 +10,7 @@ shared vectors is checked against torch too."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 
 import numpy as np
@@ -44,7 +45,7 @@ def _sglang_write(k: torch.Tensor, fmt: str, scale: float) -> torch.Tensor:
     return k.to(FP8[fmt]).view(torch.uint8)
 
 
-@pytest.mark.parametrize("fmt", sr.FORMATS)
+@pytest.mark.parametrize("fmt", sr.FP8_FORMATS)
 @pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
 def test_cli_is_torchs_cast(fmt, dtype, cli, tmp_path):
     for hd, scale in ((64, 1.0), (128, 1.0), (256, 1.0), (128, 0.37)):
@@ -89,7 +90,9 @@ def test_reference_cast_is_torchs_on_every_bfloat16():
 def test_sglang_is_listed_and_spelled(cli):
     rows = json.loads(subprocess.run([cli, "schemes", "-engine", "sglang"], capture_output=True, text=True, check=True).stdout)
     assert [r["format"] for r in rows] == list(sr.FORMATS)
-    assert all(r["engine_version"] == sr.VERSION and r["evidence"] == "read" for r in rows)
+    assert all(r["engine_version"] == sr.VERSION for r in rows)
+    assert [r["evidence"] for r in rows] == ["read", "read", "executed"]  # fp4_e2m1: SGLang's own file runs here
+    assert rows[2]["key_bits_per_element"] == 4.5 and rows[2]["flags"] == "--kv-cache-dtype fp4_e2m1"
     assert rows[0]["flags"] == "--kv-cache-dtype fp8_e4m3"
     from kvlib.codec.spec import resolve_codec
     from kvlib.transforms.engine import query_codec
@@ -97,3 +100,78 @@ def test_sglang_is_listed_and_spelled(cli):
     assert resolve_codec("sglang:fp8_e5m2/scale0.5").spec == "sglang:fp8_e5m2/scale0.5"
     assert query_codec(resolve_codec("sglang:fp8_e4m3").key).spec == "k=sglang:fp8_e4m3,v=none"
     assert query_codec(resolve_codec("sglang:fp8_e5m2").key) is None
+
+
+THIRD_PARTY = Path(__file__).parent / "third_party"
+
+
+@pytest.fixture(scope="module")
+def kvfp4():
+    """SGLang's own KVFP4QuantizeUtil (tests/third_party, verbatim from the 0.5.10.post1 wheel), run
+    eagerly: SGLang compiles it with torch.compile, whose float32 arithmetic agrees with the eager
+    run on float32 input; eager on bfloat16 input rounds intermediates to bfloat16 (checked below)."""
+    import hashlib
+    import importlib.util
+
+    path = THIRD_PARTY / "sglang_kvfp4_tensor.py"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == "4689ccf1f50de293dab08c5027c5119cab6769822f43845323db68d550bd04f7"
+    spec = importlib.util.spec_from_file_location("sglang_kvfp4_tensor", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch._dynamo.config, "disable", True)
+        yield module.KVFP4QuantizeUtil
+
+
+def _sglang_fp4(util, x: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """SGLang's write and read of a [1, heads, tokens, head_dim] cache, as kv-compress lays out its
+    bytes (per token-head, 8 nibble bytes then the scale byte of each block of 16)."""
+    t = torch.from_numpy(np.ascontiguousarray(x[0].transpose(1, 0, 2)))  # [tokens, heads, head_dim]
+    packed, scales = util.batched_quantize(t)
+    n, h, d = t.shape
+    blocks = packed.reshape(n, h, d // 16, 8).numpy()
+    sf = scales.reshape(n, h, d // 16, 1).numpy()
+    raw = np.concatenate([blocks, sf], axis=-1).transpose(1, 0, 2, 3)  # back to [heads, tokens, ...]
+    back = util.batched_dequantize(packed, scales, torch.float32).numpy().transpose(1, 0, 2)
+    return np.ascontiguousarray(raw).tobytes(), back.reshape(-1)
+
+
+def _fp4_cases() -> list[dict]:
+    from test_engine_formats import CASES
+
+    return [c for c in CASES if c["spec"] == "sglang:fp4_e2m1" and "error" not in c]
+
+
+def test_fp4_vectors_are_sglangs_own_bytes(kvfp4):
+    """Every sglang:fp4_e2m1 vector (which the CLI and go test reproduce) is what SGLang's own code
+    writes and reads on the same values: F32, F16 and BF16 caches, head_dim 64-256, ties, floors, Inf."""
+    from kvq_reference import decode
+
+    cases = _fp4_cases()
+    assert len(cases) >= 10
+    for c in cases:
+        for t in c["tensors"]:
+            x = decode(bytes.fromhex(t["input_hex"]), t["dtype"]).reshape(t["shape"])
+            raw, back = _sglang_fp4(kvfp4, x)
+            assert raw.hex() == t["parts"][".codes"], (c["name"], t["name"])
+            ref_raw, ref_back = sr.fp4_compress(x)
+            assert ref_raw == raw and np.array_equal(ref_back, back, equal_nan=True), (c["name"], t["name"])
+
+
+def test_fp4_eager_bfloat16_rounding_is_where_it_differs(kvfp4):
+    """On bfloat16 input, SGLang's eager run rounds amax/6 and its log2 to bfloat16; compiled (as SGLang
+    runs it) keeps float32, as kv-compress does. Over every bfloat16 block maximum in [2**-8, 2**12) the
+    two differ only where eager's log2 rounds k + a little down to k: measured, not assumed."""
+    amax = (np.arange(0x3B80, 0x4580, dtype=np.uint32) << 16).view(np.float32)  # bf16 values 2**-8 .. 2**12
+    x = np.zeros((1, 1, amax.size, 16), np.float32)
+    x[0, 0, :, 0] = amax
+    t = torch.from_numpy(x[0].transpose(1, 0, 2).copy()).to(torch.bfloat16)
+    _, eager = kvfp4.batched_quantize(t)
+    eager = eager.reshape(-1).numpy().astype(int) - 127
+    exact = sr.fp4_exponent(amax)
+    differ = eager != exact
+    assert np.all(eager[differ] == exact[differ] - 1)  # one too small: the top value saturates at 6
+    assert differ.mean() < 0.2
+    f32 = torch.from_numpy(x[0].transpose(1, 0, 2).copy())
+    _, e32 = kvfp4.batched_quantize(f32)
+    assert np.array_equal(e32.reshape(-1).numpy().astype(int) - 127, exact)  # float32: no difference

@@ -25,6 +25,10 @@ type engine struct {
 	formats []*engineFormat
 	// detail says what ran against what for a format's evidence level.
 	detail func(f *engineFormat) string
+	// blockRule says why a block format refuses a head_dim its blocks do
+	// not divide, citing the source: a format for the format's name, the
+	// head_dim and the block size (%[1]s, %[2]d, %[3]d).
+	blockRule string
 }
 
 // An engineFormat is one of an engine's cache formats.
@@ -209,13 +213,15 @@ func roleOf(name string) Role {
 // is an error.
 func engineRotation(s Scheme, r Role, shape []int, hd headDims) (*RotationInfo, error) {
 	q := quantizerOf(s.Method)
-	if q == nil || q.engine == nil || q.engine.engine != llamaCpp {
+	if q == nil || q.engine == nil {
 		return nil, nil
 	}
 	f := q.engine
 	if len(shape) == 4 && f.elems > 1 && shape[3]%f.elems != 0 {
-		return nil, fmt.Errorf("llama.cpp refuses %s for head_dim %d: its blocks of %d must divide head_dim (src/llama-context.cpp:3851-3871)",
-			f.name, shape[3], f.elems)
+		return nil, fmt.Errorf(f.engine.blockRule, f.name, shape[3], f.elems)
+	}
+	if f.engine != llamaCpp {
+		return nil, nil
 	}
 	switch {
 	case !f.rotates:

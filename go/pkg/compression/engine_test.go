@@ -282,7 +282,8 @@ func TestParseEngineSpecs(t *testing.T) {
 	}
 	for _, tc := range []struct{ in, want string }{
 		{"trtllm:fp8", `unknown engine "trtllm" in "trtllm:fp8" (engines: llama.cpp, vllm, sglang)`},
-		{"sglang:fp4_e2m1", `sglang has no KV-cache format "fp4_e2m1" (its formats: fp8_e4m3, fp8_e5m2)`},
+		{"sglang:fp4", `sglang has no KV-cache format "fp4" (its formats: fp8_e4m3, fp8_e5m2, fp4_e2m1)`},
+		{"sglang:fp4_e2m1/scale2", "computes its own scales"},
 		{"vllm:fp8/scale0", "vllm:fp8 takes a positive finite float32 scale"},
 		{"vllm:fp8/scale-1", "vllm:fp8 takes a positive finite float32 scale"},
 		{"vllm:fp8/scale1e39", "vllm:fp8 takes a positive finite float32 scale"},
@@ -379,7 +380,7 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 14 {
+	if all, err := EngineReport("all"); err != nil || len(all) != 15 {
 		t.Errorf("all: %d, %v", len(all), err)
 	}
 	if _, err := EngineReport("trtllm"); err == nil || err.Error() != `unknown engine "trtllm" (engines: llama.cpp, vllm, sglang, or all)` {
@@ -692,7 +693,8 @@ func FuzzLlamaCppBlocks(f *testing.F) {
 // engineFuzzSpecs are what FuzzEngineCompress draws from.
 var engineFuzzSpecs = []string{"llama.cpp:f16", "llama.cpp:q8_0", "llama.cpp:q5_1", "llama.cpp:q5_0", "llama.cpp:q4_1",
 	"llama.cpp:q4_0", "llama.cpp:iq4_nl", "llama.cpp:q4_0/norot", "k=llama.cpp:q8_0,v=llama.cpp:iq4_nl/norot",
-	"llama.cpp:q5_1,kv0=none", "none", "k=none,v=llama.cpp:q4_1+lossless"}
+	"llama.cpp:q5_1,kv0=none", "none", "k=none,v=llama.cpp:q4_1+lossless", "sglang:fp4_e2m1", "sglang:fp8_e4m3/scale0.25",
+	"vllm:int8_per_token_head", "k=vllm:fp8_per_token_head,v=sglang:fp4_e2m1"}
 
 // FuzzEngineCompress: caches of any shape, dtype and values through the
 // engine formats: whatever compresses decompresses to exactly the

@@ -49,10 +49,11 @@ import (
 // 0x80000000, then its low byte), which only blocks whose largest |x| is
 // below 2^-125 reach (their reciprocal scale overflows to Inf).
 var llamaCpp = &engine{
-	name:    "llama.cpp",
-	version: "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36",
-	flag:    "-ctk %s -ctv %s",
-	detail:  llamaEvidenceDetail,
+	name:      "llama.cpp",
+	version:   "llama.cpp 0c1e57098 (ggml 0.25.3) via llama-cpp-python 0.3.36",
+	flag:      "-ctk %s -ctv %s",
+	blockRule: "llama.cpp refuses %[1]s for head_dim %[2]d: its blocks of %[3]d must divide head_dim (src/llama-context.cpp:3851-3871)",
+	detail:    llamaEvidenceDetail,
 	formats: []*engineFormat{
 		{name: "f16", bits: 16, elems: 1, bytes: 2, evidence: EvidenceExecuted,
 			source:   "ggml/src/ggml-cpu/ggml-cpu.c:3480-3511 (ggml_cpu_fp32_to_fp16, F16C)",

@@ -29,13 +29,20 @@ import (
 // saturates e4m3 values past 464, where the CUDA conversion above gives
 // NaN. Not modelled: the fused Triton writer of the trtllm_mha backend
 // (Blackwell, e4m3 only), which saturates (srt/layers/attention/
-// trtllm_fp8_kv_kernel.py:71-74), and fp4_e2m1 (srt/layers/quantization/
-// kvfp4_tensor.py).
+// trtllm_fp8_kv_kernel.py:71-74). fp4_e2m1 is in kvfp4.go.
 var sglang = &engine{
 	name:    "sglang",
-	version: "SGLang 0.5.10.post1 (wheel; torch's float8 casts)",
+	version: "SGLang 0.5.10.post1 (wheel)",
 	flag:    "--kv-cache-dtype %s",
-	detail: func(*engineFormat) string {
+	blockRule: "kvlib refuses SGLang's %[1]s for head_dim %[2]d: SGLang's blocks of %[3]d run along each token's " +
+		"[heads × head_dim] row (srt/layers/quantization/kvfp4_tensor.py:43-45) and would straddle two heads, which kvlib's " +
+		"per-head layout cannot hold",
+	detail: func(f *engineFormat) string {
+		if f.name == "fp4_e2m1" {
+			return "executed: SGLang's own kvfp4_tensor.py (the wheel's file, pure torch) ran on CPU on the vector inputs " +
+				"(tests/make_engine_vectors.py) and tests/vectors/engine_vectors.json holds its bytes, which the codec reproduces; " +
+				"compiled on CUDA it may differ from the CPU run only for a float32 block max within a few ulp above 6·2^k"
+		}
 		return "read, and run where torch can run it: the write is torch's (a division in the cache's dtype, then " +
 			".to(float8)); tests/test_sglang_formats.py runs that on the same caches with this CPU torch and agrees byte " +
 			"for byte except past e4m3's range, where CPU torch 2.13 saturates and the CUDA cast SGLang runs (c10, read) " +
@@ -48,6 +55,9 @@ var sglang = &engine{
 		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, evidence: EvidenceRead,
 			source:    "srt/mem_cache/memory_pool.py:995-1030 (set_kv_buffer: div_, .to); c10/util/Float8_e5m2.h",
 			encodeAll: encodeTorchFP8All(fp8E5M2), decodeAll: decodeFP8All(fp8E5M2)},
+		{name: "fp4_e2m1", bits: 4, elems: kvfp4Block, bytes: kvfp4Bytes, evidence: EvidenceExecuted,
+			source:   "srt/layers/quantization/kvfp4_tensor.py:32-112 (KVFP4QuantizeUtil); srt/mem_cache/memory_pool.py:1084-1225 (MHATokenToKVPoolFP4)",
+			quantize: sglangQuantizeFP4, dequantize: sglangDequantizeFP4},
 	},
 }
 

@@ -1,0 +1,53 @@
+package compression
+
+import (
+	"math"
+	"testing"
+)
+
+// The KVFP4 block exponent: the smallest e with 6·2^e >= amax (through
+// amax × float32(1/6)), at least -33.
+func TestKVFP4Exponent(t *testing.T) {
+	for _, tc := range []struct {
+		amax float32
+		want int
+	}{
+		{6, 0}, {3, -1}, {6.0001, 1}, {12, 1}, {48, 3}, {48.25, 4}, {5.9999, 0}, {0, -33}, {6e-10, -33},
+		{1e-9, -32}, {math.MaxFloat32, 126}, {math.Nextafter32(24, 30), 3},
+	} {
+		if got := kvfp4Exponent(tc.amax); got != tc.want {
+			t.Errorf("amax %g: e %d, want %d", tc.amax, got, tc.want)
+		}
+	}
+}
+
+// Codes: round to nearest, ties away from zero, saturating at 6; a
+// negative value rounding to 0 keeps its sign; element 2i low.
+func TestKVFP4Block(t *testing.T) {
+	x := []float32{6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -1.25, -2.5, -5, -0.1, 0.2499, 4.99, float32(math.Copysign(0, -1))}
+	dst := make([]byte, kvfp4Bytes)
+	if sglangQuantizeFP4(x, dst) {
+		t.Fatal("finite block reported non-finite")
+	}
+	want := []byte{0x17, 0x32, 0x54, 0x76, 0xb9, 0xfd, 0x08, 0x06, 127}
+	for i := range want {
+		if dst[i] != want[i] {
+			t.Fatalf("bytes %x, want %x", dst, want)
+		}
+	}
+	y := make([]float32, kvfp4Block)
+	sglangDequantizeFP4(dst, y)
+	wantY := []float32{6, 0.5, 1, 1.5, 2, 3, 4, 6, -0.5, -1.5, -3, -6, 0, 0, 4, 0}
+	for i := range y {
+		if y[i] != wantY[i] {
+			t.Fatalf("restored %v, want %v", y, wantY)
+		}
+	}
+	if !math.Signbit(float64(y[12])) {
+		t.Error("-0.1 should read back as -0")
+	}
+	x[3] = float32(math.NaN())
+	if !sglangQuantizeFP4(x, dst) || dst[8] != 0 || dst[0] != 0 {
+		t.Errorf("a NaN block: %x", dst)
+	}
+}
