@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import engine_reference as er
+import exllama_reference as xr
 import sglang_reference as sr
 import vllm_reference as vr
 from kvq_reference import decode, encode, to_bf16_bits
@@ -94,6 +95,11 @@ def run_case(c: dict) -> dict:
             raw, y = sr.compress_tensor(x, fmt.split(":")[1], t["dtype"], rotate)
             out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
                        non_finite=int(np.sum(~np.isfinite(y))), saturated=0)
+            continue
+        if fmt.startswith("exllamav2:"):
+            raw, y = xr.compress_tensor(x, fmt.split(":")[1])
+            out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
+                       non_finite=int(np.sum(~np.isfinite(y))))
             continue
         if fmt.startswith("vllm:"):  # rotate holds the static scale of a per-tensor format
             raw, y = vr.compress_tensor(x.reshape(t["shape"]), fmt.split(":")[1], rotate)
@@ -200,7 +206,7 @@ def _cases() -> list[dict]:
     # head_dim 80 is fine for f16, which has no blocks
     t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
     cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
-    return cases + _vllm_cases(rng) + _sglang_cases(rng)
+    return cases + _vllm_cases(rng) + _sglang_cases(rng) + _exllama_cases(rng)
 
 
 def _sglang_cases(rng) -> list[dict]:
@@ -253,6 +259,33 @@ def _sglang_fp4_cases(rng) -> list[dict]:
     x[0, 0, 1, 3] = np.inf
     cases.append(dict(name="sglang_fp4_e2m1_inf", spec=fmt, tensors=[tensor("t", x, "F32")],
                       schemes={"t": (None, True)}, error="NaN or Inf cannot be quantized"))
+    return cases
+
+
+def _exllama_cases(rng) -> list[dict]:
+    """ExLlamaV2 0.3.2's caches (tests/exllama_reference.py): every format on F32, F16 and BF16 caches
+    with head_dim 64, 128 and 256; Q6 (K q8, V q4); an all-zero group; values past fp16's range (Inf
+    and NaN after the fp16 butterfly, as the engine stores them); fp16 subnormals and ties of the
+    truncation; head_dim 96 refused."""
+    cases = []
+    for fmt in xr.FORMATS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+                cases.append(dict(name=f"exllamav2_{fmt}_{dtype.lower()}_hd{hd}", spec=f"exllamav2:{fmt}", tensors=ts,
+                                  schemes={t["name"]: (f"exllamav2:{fmt}", 1.0) for t in ts}))
+    ts = [tensor(f"layer_0_{r}", kv(rng, [1, 3, 4, 64], r), "BF16") for r in ("key", "value")]
+    cases.append(dict(name="exllamav2_q6", spec="k=exllamav2:q8,v=exllamav2:q4", tensors=ts,  # what exllamav2:q6 names
+                      schemes={"layer_0_key": ("exllamav2:q8", 1.0), "layer_0_value": ("exllamav2:q4", 1.0)}))
+    edge = np.r_[np.zeros(32, F32), rng.standard_normal(32).astype(F32),  # an all-zero scale group
+                 F32([7e4, -7e4, 65504, 65519, 65520, 3e-5, 6e-8, 2.9e-8, -1e-9, 1.5, -1.5, 0.999]),
+                 (rng.standard_normal(52) * 3000).astype(F32)].astype(F32)  # fp16 sums past 65504
+    for fmt in xr.FORMATS:
+        cases.append(dict(name=f"exllamav2_{fmt}_edges", spec=f"exllamav2:{fmt}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
+                          schemes={"layer_0_key": (f"exllamav2:{fmt}", 1.0)}))
+    x = rng.standard_normal([1, 2, 2, 96]).astype(F32)
+    cases.append(dict(name="exllamav2_q4_hd96_refused", spec="exllamav2:q4", tensors=[tensor("t", x, "F32")],
+                      schemes={"t": (None, True)}, error="kvlib refuses ExLlamaV2's q4 for head_dim 96"))
     return cases
 
 

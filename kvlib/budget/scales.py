@@ -12,25 +12,31 @@ reads it and loads no model.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from kvlib.cache.layout import cache_layers, new_cache
-from kvlib.codec.spec import CodecConfig, format_float32, resolve_codec
+from kvlib.codec.spec import CodecConfig, engine_menu, format_float32, resolve_codec
 from kvlib.scoring.provenance import RunIdentity, ids_digest
 from kvlib.scoring.store import ResultsStore, unit_key
 
-# The largest finite value of each per-tensor format's float8 (what scale 1 saturates beyond).
-FORMAT_MAX = {"vllm:fp8": 448.0, "vllm:fp8_e4m3": 448.0, "vllm:fp8_e5m2": 57344.0, "sglang:fp8_e4m3": 448.0,
-              "sglang:fp8_e5m2": 57344.0}
 CALIBRATED = "@calibrated"  # the name suffix of a codec with calibrated scales
+
+
+@functools.cache
+def format_max() -> dict[str, float]:
+    """The largest value each static-scale engine format holds (what scale 1 saturates beyond), as
+    kv-compress states it (schemes -engine all: scale_max)."""
+    return {row["name"]: float(row["scale_max"]) for row in engine_menu("all") if row.get("scale_max")}
 
 
 def takes_scales(codec: CodecConfig) -> bool:
     """A codec whose key or value format has a static per-tensor scale, and no per-layer overrides yet."""
-    return not codec.layers and (codec.key.method in FORMAT_MAX or codec.value.method in FORMAT_MAX)
+    tops = format_max()
+    return not codec.layers and (codec.key.method in tops or codec.value.method in tops)
 
 
 def kv_amax(model: Any, ids: torch.Tensor, starts: list[int], length: int) -> list[tuple[float, float]]:
@@ -51,12 +57,12 @@ def kv_amax(model: Any, ids: torch.Tensor, starts: list[int], length: int) -> li
 
 
 def calibrated(codec: CodecConfig, amax: list[tuple[float, float]]) -> CodecConfig:
-    """``codec`` with each layer's scale amax / FORMAT_MAX (float32; a role of a format without a
+    """``codec`` with each layer's scale amax / format_max() (float32; a role of a format without a
     static scale, or an all-zero layer, keeps its scheme)."""
     parts = [codec.spec]
     for layer, pair in enumerate(amax):
         for role, scheme, a in (("k", codec.key, pair[0]), ("v", codec.value, pair[1])):
-            top = FORMAT_MAX.get(scheme.method)
+            top = format_max().get(scheme.method)
             if top is None or not a > 0:
                 continue
             scale = np.float32(np.float32(a) / np.float32(top))

@@ -25,6 +25,9 @@ type engine struct {
 	formats []*engineFormat
 	// detail says what ran against what for a format's evidence level.
 	detail func(f *engineFormat) string
+	// combos are the engine's options that pair a K format with another
+	// V format under a name of their own (ExLlamaV2's Q6: K q8, V q4).
+	combos []engineCombo
 	// blockRule says why a block format refuses a head_dim its blocks do
 	// not divide, citing the source: a format for the format's name, the
 	// head_dim and the block size (%[1]s, %[2]d, %[3]d).
@@ -43,9 +46,13 @@ type engineFormat struct {
 	// unset: head_dim codes of bits/8 bytes, then a float32 scale).
 	perHead bool
 	// scaled: a static per-tensor scale, the scheme's Scale (default 1),
-	// divides the values before the conversion and multiplies them after.
+	// divides the values before the conversion and multiplies them after;
+	// scaleMax is the largest value the format holds, what a calibrated
+	// scale maps a tensor's largest |x| to (amax / scaleMax).
 	scaled   bool
+	scaleMax float64
 	evidence string // "executed" or "read" (see evidenceOf)
+	flags    string // how a user picks it, when not the engine's flag with the name
 	source   string // where its arithmetic is, for kv-compress schemes
 	// quantize writes one block of x (elems values) into dst (bytes
 	// bytes), and reports whether x held a NaN or an Inf; dequantize is
@@ -57,6 +64,32 @@ type engineFormat struct {
 	// chunk at once (quantizer.encodeAll); nil for block types.
 	encodeAll func(j *tensorJob, x []float32, qlo, qhi int)
 	decodeAll func(j *tensorJob, y []float32, qlo, qhi int)
+}
+
+// An engineCombo is an engine option made of one format for K and another
+// for V, named "engine:name" like a format.
+type engineCombo struct {
+	name, flag, key, value string
+	why                    string // the source that says so
+}
+
+// engineCombos are every engine's combos as named specs, in menu order.
+var engineCombos = buildEngineCombos()
+
+func buildEngineCombos() []preset {
+	_ = engineMethods // built first: it ties each format to its engine
+	var out []preset
+	for _, e := range engines {
+		for _, c := range e.combos {
+			k, errK := parseEngineBase(e.name + ":" + c.key)
+			v, errV := parseEngineBase(e.name + ":" + c.value)
+			if errK != nil || errV != nil {
+				panic("compression: engine combo " + e.name + ":" + c.name + " names an unknown format")
+			}
+			out = append(out, preset{name: e.name + ":" + c.name, spec: Spec{Key: k, Value: v}})
+		}
+	}
+	return out
 }
 
 // method is the format's Method, the qualified name.
@@ -73,7 +106,7 @@ const (
 )
 
 // engines lists the engines, in the order kv-compress schemes shows them.
-var engines = []*engine{llamaCpp, vllm, sglang}
+var engines = []*engine{llamaCpp, vllm, sglang, exllamaV2}
 
 // engineMethods are the quantizers of every engine format, and the
 // identity scheme none, looked up by quantizerOf after methods.
@@ -258,6 +291,9 @@ type EngineFormatInfo struct {
 	Evidence       string `json:"evidence"`       // executed or read
 	EvidenceDetail string `json:"evidence_detail"`
 	Source         string `json:"source"` // file:line of the arithmetic
+	// ScaleMax, for a format with a static scale, is the largest value
+	// it holds: a calibrated scale is amax / ScaleMax.
+	ScaleMax float64 `json:"scale_max,omitempty"`
 }
 
 // EngineNames lists the engines kv-compress knows.
@@ -279,8 +315,12 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 		}
 		for _, f := range e.formats {
 			s := both(engineScheme(f))
+			flags := f.flags
+			if flags == "" {
+				flags = strings.ReplaceAll(e.flag, "%s", f.name)
+			}
 			info := EngineFormatInfo{SchemeInfo: SchemeReport("", s), Engine: e.name, Format: f.name, EngineVersion: e.version,
-				Flags: strings.ReplaceAll(e.flag, "%s", f.name), Evidence: f.evidence, EvidenceDetail: e.detail(f), Source: f.source}
+				Flags: flags, Evidence: f.evidence, EvidenceDetail: e.detail(f), Source: f.source, ScaleMax: f.scaleMax}
 			info.Rotation = "none: the engine never rotates this type"
 			switch {
 			case f.scaled:
@@ -289,6 +329,14 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 				info.Rotation = "on by default (K: Hadamard of the largest power of two >= 64 dividing head_dim; V: 64; " +
 					"only when head_dim % 64 == 0); /norot is LLAMA_ATTN_ROT_DISABLE=1"
 			}
+			out = append(out, info)
+		}
+		for _, c := range e.combos {
+			spec, _ := namedSpec(e.name + ":" + c.name)
+			k := quantizerOf(spec.Key.Method).engine
+			info := EngineFormatInfo{SchemeInfo: SchemeReport("", spec), Engine: e.name, Format: c.name, EngineVersion: e.version,
+				Flags: c.flag, Rotation: "as its K and V formats", Evidence: k.evidence,
+				EvidenceDetail: c.why + "; " + e.detail(k), Source: c.why}
 			out = append(out, info)
 		}
 	}

@@ -281,7 +281,9 @@ func TestParseEngineSpecs(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"trtllm:fp8", `unknown engine "trtllm" in "trtllm:fp8" (engines: llama.cpp, vllm, sglang)`},
+		{"tgi:fp8", `unknown engine "tgi" in "tgi:fp8" (engines: llama.cpp, vllm, sglang, exllamav2)`},
+		{"exllamav2:q6/g32", "preset exllamav2:q6 differs by role"},
+		{"exllamav2:q5", `exllamav2 has no KV-cache format "q5" (its formats: fp8, q4, q8)`},
 		{"sglang:fp4", `sglang has no KV-cache format "fp4" (its formats: fp8_e4m3, fp8_e5m2, fp4_e2m1)`},
 		{"sglang:fp4_e2m1/scale2", "computes its own scales"},
 		{"vllm:fp8/scale0", "vllm:fp8 takes a positive finite float32 scale"},
@@ -380,11 +382,41 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 15 {
+	if all, err := EngineReport("all"); err != nil || len(all) != 19 {
 		t.Errorf("all: %d, %v", len(all), err)
 	}
-	if _, err := EngineReport("trtllm"); err == nil || err.Error() != `unknown engine "trtllm" (engines: llama.cpp, vllm, sglang, or all)` {
-		t.Errorf("trtllm: %v", err)
+	if _, err := EngineReport("tgi"); err == nil || err.Error() != `unknown engine "tgi" (engines: llama.cpp, vllm, sglang, exllamav2, or all)` {
+		t.Errorf("tgi: %v", err)
+	}
+	if all, _ := EngineReport("all"); true {
+		tops := map[string]float64{}
+		for _, r := range all {
+			if r.ScaleMax != 0 {
+				tops[r.Name] = r.ScaleMax
+			}
+		}
+		want := map[string]float64{"vllm:fp8": 448, "vllm:fp8_e4m3": 448, "vllm:fp8_e5m2": 57344, "sglang:fp8_e4m3": 448, "sglang:fp8_e5m2": 57344}
+		if len(tops) != len(want) {
+			t.Errorf("scale_max: %v", tops)
+		}
+		for k, v := range want {
+			if tops[k] != v || float64(fp8Of(k).decode[fp8Of(k).maxCode]) != v {
+				t.Errorf("scale_max of %s: %g, want %g", k, tops[k], v)
+			}
+		}
+	}
+	// ExLlamaV2's Q6 is a named pairing: K q8, V q4, spelled as the engine's option.
+	q6, err := ParseSpec("exllamav2:q6")
+	if err != nil || q6.String() != "k=exllamav2:q8,v=exllamav2:q4" || q6.Name() != "exllamav2:q6" {
+		t.Errorf("exllamav2:q6: %v %s %s", err, q6.String(), q6.Name())
+	}
+	if both, err := ParseSpec("k=exllamav2:q6,v=exllamav2:q6"); err != nil || both.Key.Method != "exllamav2:q8" || both.Value.Method != "exllamav2:q4" {
+		t.Errorf("k=exllamav2:q6,v=exllamav2:q6: %v %v", both, err)
+	}
+	rows, err = EngineReport("exllamav2")
+	if err != nil || len(rows) != 4 || rows[3].Name != "exllamav2:q6" || rows[3].Flags != "ExLlamaV2Cache_Q6" ||
+		rows[3].KeyBits != 8.5 || rows[3].ValueBits != 4.5 || rows[0].Flags != "ExLlamaV2Cache_8bit" {
+		t.Errorf("exllamav2: %+v %v", rows, err)
 	}
 	rows, err = EngineReport("vllm")
 	want := []struct {
@@ -694,7 +726,7 @@ func FuzzLlamaCppBlocks(f *testing.F) {
 var engineFuzzSpecs = []string{"llama.cpp:f16", "llama.cpp:q8_0", "llama.cpp:q5_1", "llama.cpp:q5_0", "llama.cpp:q4_1",
 	"llama.cpp:q4_0", "llama.cpp:iq4_nl", "llama.cpp:q4_0/norot", "k=llama.cpp:q8_0,v=llama.cpp:iq4_nl/norot",
 	"llama.cpp:q5_1,kv0=none", "none", "k=none,v=llama.cpp:q4_1+lossless", "sglang:fp4_e2m1", "sglang:fp8_e4m3/scale0.25",
-	"vllm:int8_per_token_head", "k=vllm:fp8_per_token_head,v=sglang:fp4_e2m1"}
+	"vllm:int8_per_token_head", "k=vllm:fp8_per_token_head,v=sglang:fp4_e2m1", "exllamav2:q4", "exllamav2:q6", "exllamav2:fp8"}
 
 // FuzzEngineCompress: caches of any shape, dtype and values through the
 // engine formats: whatever compresses decompresses to exactly the
@@ -811,4 +843,12 @@ func TestBestIndexIQ4NLIsTheCs(t *testing.T) {
 			t.Fatalf("bestIndex(%v = %#08x) = %d, the C's %d", x, math.Float32bits(x), got, want)
 		}
 	}
+}
+
+// fp8Of is the float8 format of a per-tensor engine format's name.
+func fp8Of(name string) *fp8Format {
+	if strings.HasSuffix(name, "e5m2") {
+		return fp8E5M2
+	}
+	return fp8E4M3
 }

@@ -182,7 +182,7 @@ func (s Spec) String() string {
 func (s Spec) Name() string {
 	plain := s
 	plain.Lossless = false
-	for _, p := range presets {
+	for _, p := range append(presets[:len(presets):len(presets)], engineCombos...) {
 		if p.spec.Equal(plain) {
 			if s.Lossless {
 				return p.name + LosslessSuffix
@@ -255,6 +255,20 @@ func presetIndex(ps []preset) map[string]Spec {
 	return m
 }
 
+// namedSpec is the preset, or the engine's named pairing of a K and a V
+// format (exllamav2:q6), called name.
+func namedSpec(name string) (Spec, bool) {
+	if p, ok := presetByName[name]; ok {
+		return p, true
+	}
+	for _, c := range engineCombos {
+		if c.name == name {
+			return c.spec, true
+		}
+	}
+	return Spec{}, false
+}
+
 // DefaultPreset is the scheme used when none is given.
 const DefaultPreset = "int4"
 
@@ -307,7 +321,7 @@ func ParseSpec(text string) (Spec, error) {
 		s, err = parseRoles(text)
 	default:
 		var sc Scheme
-		if p, ok := presetByName[text]; ok {
+		if p, ok := namedSpec(text); ok {
 			s = p
 		} else if sc, err = parseScheme(text, roleBoth); err == nil {
 			s = both(sc)
@@ -342,7 +356,7 @@ func parseRoles(text string) (Spec, error) {
 		k, v, ok := strings.Cut(part, "=")
 		switch {
 		case !ok && i == 0:
-			if p, isPreset := presetByName[part]; isPreset {
+			if p, isPreset := namedSpec(part); isPreset {
 				s.Key, s.Value = p.Key, p.Value
 			} else {
 				sc, err := parseScheme(part, roleBoth)
@@ -390,7 +404,7 @@ func parseScheme(text string, r role) (Scheme, error) {
 	parts := strings.Split(text, "/")
 	var s Scheme
 	base := parts[0]
-	if p, ok := presetByName[base]; ok {
+	if p, ok := namedSpec(base); ok {
 		s = p.Value
 		if r == roleKey {
 			s = p.Key

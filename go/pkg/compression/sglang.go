@@ -49,10 +49,10 @@ var sglang = &engine{
 			"gives NaN; SGLang's own Python was read (files cited), not run (its wheel needs CUDA)"
 	},
 	formats: []*engineFormat{
-		{name: "fp8_e4m3", bits: 8, elems: 1, bytes: 1, scaled: true, evidence: EvidenceRead,
+		{name: "fp8_e4m3", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, evidence: EvidenceRead,
 			source:    "srt/mem_cache/memory_pool.py:995-1030 (set_kv_buffer: div_, .to); c10/util/Float8_e4m3fn.h",
 			encodeAll: encodeTorchFP8All(fp8E4M3), decodeAll: decodeFP8All(fp8E4M3)},
-		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, evidence: EvidenceRead,
+		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 57344, evidence: EvidenceRead,
 			source:    "srt/mem_cache/memory_pool.py:995-1030 (set_kv_buffer: div_, .to); c10/util/Float8_e5m2.h",
 			encodeAll: encodeTorchFP8All(fp8E5M2), decodeAll: decodeFP8All(fp8E5M2)},
 		{name: "fp4_e2m1", bits: 4, elems: kvfp4Block, bytes: kvfp4Bytes, evidence: EvidenceExecuted,

@@ -46,13 +46,13 @@ var vllm = &engine{
 			"Triton writers have not run on these bytes (no GPU here)"
 	},
 	formats: []*engineFormat{
-		{name: "fp8", bits: 8, elems: 1, bytes: 1, scaled: true, evidence: EvidenceRead,
+		{name: "fp8", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, evidence: EvidenceRead,
 			source:    "csrc/cache_kernels.cu reshape_and_cache_flash (CopyWithScaleOp); csrc/quantization/w8a8/fp8/nvidia/quant_utils.cuh scaled_convert; 'fp8' is fp8_e4m3 (utils/torch_utils.py:79)",
 			encodeAll: encodeFP8All(fp8E4M3), decodeAll: decodeFP8All(fp8E4M3)},
-		{name: "fp8_e4m3", bits: 8, elems: 1, bytes: 1, scaled: true, evidence: EvidenceRead,
+		{name: "fp8_e4m3", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, evidence: EvidenceRead,
 			source:    "csrc/cache_kernels.cu reshape_and_cache_flash (CopyWithScaleOp); csrc/quantization/w8a8/fp8/nvidia/quant_utils.cuh scaled_convert",
 			encodeAll: encodeFP8All(fp8E4M3), decodeAll: decodeFP8All(fp8E4M3)},
-		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, evidence: EvidenceRead,
+		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 57344, evidence: EvidenceRead,
 			source:    "csrc/cache_kernels.cu reshape_and_cache_flash (FlashInfer's writer; FlashAttention refuses e5m2, v1/attention/backends/fa_utils.py:293)",
 			encodeAll: encodeFP8All(fp8E5M2), decodeAll: decodeFP8All(fp8E5M2)},
 		{name: "int8_per_token_head", bits: 8, perHead: true, evidence: EvidenceRead,
