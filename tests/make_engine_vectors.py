@@ -22,6 +22,7 @@ import numpy as np
 import engine_reference as er
 import exllama_reference as xr
 import sglang_reference as sr
+import trtllm_reference as tr
 import vllm_reference as vr
 from kvq_reference import decode, encode, to_bf16_bits
 
@@ -95,6 +96,11 @@ def run_case(c: dict) -> dict:
             raw, y = sr.compress_tensor(x, fmt.split(":")[1], t["dtype"], rotate)
             out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
                        non_finite=int(np.sum(~np.isfinite(y))), saturated=0)
+            continue
+        if fmt.startswith("trtllm:"):  # rotate holds the static scale
+            raw, y, sat = tr.compress_tensor(x, fmt.split(":")[1], t["dtype"], rotate)
+            out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
+                       non_finite=int(np.sum(~np.isfinite(y))), saturated=sat)
             continue
         if fmt.startswith("exllamav2:"):
             raw, y = xr.compress_tensor(x, fmt.split(":")[1])
@@ -206,7 +212,7 @@ def _cases() -> list[dict]:
     # head_dim 80 is fine for f16, which has no blocks
     t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
     cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
-    return cases + _vllm_cases(rng) + _sglang_cases(rng) + _exllama_cases(rng)
+    return cases + _vllm_cases(rng) + _sglang_cases(rng) + _trtllm_cases(rng) + _exllama_cases(rng)
 
 
 def _sglang_cases(rng) -> list[dict]:
@@ -259,6 +265,31 @@ def _sglang_fp4_cases(rng) -> list[dict]:
     x[0, 0, 1, 3] = np.inf
     cases.append(dict(name="sglang_fp4_e2m1_inf", spec=fmt, tensors=[tensor("t", x, "F32")],
                       schemes={"t": (None, True)}, error="NaN or Inf cannot be quantized"))
+    return cases
+
+
+def _trtllm_cases(rng) -> list[dict]:
+    """TensorRT-LLM's fp8 and int8 (tests/trtllm_reference.py): F32, F16 and BF16 caches with head_dim
+    64, 128 and 256 at scale 1 (fp8: the PyTorch backend) and a checkpoint scale (the engine backend:
+    the multiplier rounded to the cache's dtype for fp8); values past the range; int8's ties to even
+    and -128."""
+    cases = []
+    for fmt in tr.FORMATS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                scale = 1.0 if fmt == "fp8" else 0.05
+                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+                spec = f"trtllm:{fmt}" + ("" if scale == 1 else f"/scale{scale}")
+                cases.append(dict(name=f"trtllm_{fmt}_{dtype.lower()}_hd{hd}", spec=spec, tensors=ts,
+                                  schemes={t["name"]: (f"trtllm:{fmt}", scale) for t in ts}))
+            x = kv(rng, [1, 2, 3, 64], "key") * F32(30)
+            cases.append(dict(name=f"trtllm_{fmt}_{dtype.lower()}_scale", spec=f"trtllm:{fmt}/scale0.37",
+                              tensors=[tensor("layer_0_key", x, dtype)], schemes={"layer_0_key": (f"trtllm:{fmt}", 0.37)}))
+    edge = np.array([1e5, -1e5, 448, 464, 465, -480, 127.5, -127.5, -128.5, 2.5, 3.5, -2.5, 126.5, 7e4, 3.3e38, 2.0 ** -9,
+                     2.0 ** -10, 2.0 ** -16, 1e-30, -0.0, 0.0, 1.0625, 17, 0.3] * 4 + [0.0] * 32, F32)
+    for fmt in tr.FORMATS:
+        cases.append(dict(name=f"trtllm_{fmt}_past_the_range", spec=f"trtllm:{fmt}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
+                          schemes={"layer_0_key": (f"trtllm:{fmt}", 1.0)}))
     return cases
 
 

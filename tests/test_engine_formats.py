@@ -116,7 +116,7 @@ def test_schemes_lists_the_engine_formats(cli):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("trtllm:fp8", 'unknown engine "trtllm"'), ("vllm:fp8/scale0", "positive finite float32 scale"), ("llama.cpp:q3_k", 'llama.cpp has no KV-cache format "q3_k"'),
+    ("tgi:fp8", 'unknown engine "tgi"'), ("vllm:fp8/scale0", "positive finite float32 scale"), ("llama.cpp:q3_k", 'llama.cpp has no KV-cache format "q3_k"'),
     ("llama.cpp:f16/rot", "never rotated"), ("llama.cpp:q4_0/g64", "blocks of 32"), ("none/rot", "unchanged"),
 ])
 def test_bad_engine_specs_are_one_line(spec, words, cli):
@@ -260,7 +260,7 @@ def test_c_harness_reproduces_the_vectors(harness):
         if "error" in c:
             continue
         for t in c["tensors"]:
-            if "rotation_size" not in t or t["format"].startswith(("vllm:", "sglang:", "exllamav2:")):  # none, and the engines with no C harness
+            if "rotation_size" not in t or t["format"].startswith(("vllm:", "sglang:", "trtllm:", "exllamav2:")):  # none, and the engines with no C harness
                 continue
             fmt, x = t["format"], decode(bytes.fromhex(t["input_hex"]), t["dtype"])
             raw, y = _run_c(harness, fmt, t["rotation_size"], x)

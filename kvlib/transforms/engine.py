@@ -48,7 +48,7 @@ def gguf_order(head_dim: int) -> torch.Tensor:
 def query_codec(key: Scheme) -> CodecConfig | None:
     """How the engine converts Q for a K of scheme ``key`` (None: it reads Q exactly). llama.cpp:
     f16 for an f16 K, else q8_0 rotated as K; vLLM: e4m3 at q_scale 1 for an fp8/fp8_e4m3 K; SGLang:
-    torch's e4m3 cast for an fp8_e4m3 K."""
+    torch's e4m3 cast for an fp8_e4m3 K; TensorRT-LLM: its satfinite E4M3 for an fp8 K."""
     if key.method == "llama.cpp:f16":
         return resolve_codec("k=llama.cpp:f16,v=none")
     if key.method.startswith("llama.cpp:"):
@@ -57,6 +57,10 @@ def query_codec(key: Scheme) -> CodecConfig | None:
         return resolve_codec("k=vllm:fp8_e4m3,v=none")
     if key.method == "sglang:fp8_e4m3":
         return resolve_codec("k=sglang:fp8_e4m3,v=none")
+    if key.method == "trtllm:fp8":
+        # FP8 context FMHA (on with paged context FMHA, which block reuse turns on by default) writes Q
+        # as E4M3 with the KV multiplier; the PyTorch backend's is 1 (docs/research, TensorRT-LLM 1d)
+        return resolve_codec("k=trtllm:fp8,v=none")
     return None
 
 
