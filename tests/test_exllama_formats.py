@@ -48,3 +48,13 @@ def test_exllamav2_is_listed_with_its_cache_classes(cli):
         ("exllamav2:q8", "ExLlamaV2Cache_Q8"), ("exllamav2:q6", "ExLlamaV2Cache_Q6")]
     assert rows[3]["scheme"] == "k=exllamav2:q8,v=exllamav2:q4" and rows[3]["value_bits_per_element"] == 4.5
     assert all(r["engine_version"] == xr.VERSION and r["evidence"] == "read" for r in rows)
+
+
+def test_q6_is_named_as_the_engine_names_it():
+    """Python names the pairing as the CLI does, so a sweep's row finds its menu entry (flags)."""
+    from kvlib.codec.spec import resolve_codec
+
+    q6 = resolve_codec("exllamav2:q6")
+    assert q6.name == "exllamav2:q6" and q6.spec == "k=exllamav2:q8,v=exllamav2:q4"
+    assert resolve_codec(q6.spec).name == "exllamav2:q6"
+    assert resolve_codec("k=exllamav2:q4,v=exllamav2:q8").name == "k=exllamav2:q4,v=exllamav2:q8"

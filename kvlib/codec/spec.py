@@ -120,9 +120,10 @@ class CodecConfig:
 
     @property
     def name(self) -> str:
-        """The preset name when one matches (with "+lossless" when the stage is on), else the spec."""
+        """The preset name, or an engine's name for a K and V pairing (exllamav2:q6), when one matches
+        (with "+lossless" when the stage is on), else the spec: the CLI's Spec.Name."""
         plain = replace(self, lossless=False)
-        for name, cfg in presets().items():
+        for name, cfg in (*presets().items(), *engine_pairings().items()):
             if cfg == plain:
                 return name + (LOSSLESS_SUFFIX if self.lossless else "")
         return self.spec
@@ -208,6 +209,13 @@ def engine_menu(engine: str) -> list[dict[str, Any]]:
     """``kv-compress schemes -engine ENGINE`` (or ``all``): each format's name, flags, engine
     version, evidence and bits, in the engine's menu order. SchemeError names an unknown engine."""
     return list(_check(("schemes", "-engine", engine)))
+
+
+@lru_cache(maxsize=1)
+def engine_pairings() -> dict[str, CodecConfig]:
+    """The engines' options that pair a K format with another V format under a name of their own
+    (exllamav2:q6 is k=exllamav2:q8,v=exllamav2:q4), from the CLI's menu."""
+    return {r["name"]: CodecConfig.from_json(r) for r in engine_menu("all") if r["name"] != r["scheme"]}
 
 
 def resolve_codec(scheme: "str | CodecConfig | None" = None, bits: int | None = None, group_size: int | None = None,
