@@ -102,8 +102,8 @@ def run_case(c: dict) -> dict:
             out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
                        non_finite=int(np.sum(~np.isfinite(y))), saturated=sat)
             continue
-        if fmt.startswith("exllamav2:"):
-            raw, y = xr.compress_tensor(x, fmt.split(":")[1])
+        if fmt.startswith(("exllamav2:", "exllamav3:")):
+            raw, y = xr.compress_tensor(x, ("v3:" if fmt.startswith("exllamav3:") else "") + fmt.split(":")[1])
             out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
                        non_finite=int(np.sum(~np.isfinite(y))))
             continue
@@ -314,6 +314,22 @@ def _exllama_cases(rng) -> list[dict]:
     for fmt in xr.FORMATS:
         cases.append(dict(name=f"exllamav2_{fmt}_edges", spec=f"exllamav2:{fmt}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
                           schemes={"layer_0_key": (f"exllamav2:{fmt}", 1.0)}))
+    # ExLlamaV3: every width on F32, F16 and BF16 caches with head_dim 64, 128 and 256; K and V widths
+    # apart (-cq 4,8); the edges; head_dim 48 refused.
+    for bits in xr.V3_BITS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+                cases.append(dict(name=f"exllamav3_{bits}_{dtype.lower()}_hd{hd}", spec=f"exllamav3:{bits}", tensors=ts,
+                                  schemes={t["name"]: (f"exllamav3:{bits}", 1.0) for t in ts}))
+        cases.append(dict(name=f"exllamav3_{bits}_edges", spec=f"exllamav3:{bits}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
+                          schemes={"layer_0_key": (f"exllamav3:{bits}", 1.0)}))
+    ts = [tensor(f"layer_0_{r}", kv(rng, [1, 3, 4, 64], r), "BF16") for r in ("key", "value")]
+    cases.append(dict(name="exllamav3_k4_v8", spec="k=exllamav3:4,v=exllamav3:8", tensors=ts,
+                      schemes={"layer_0_key": ("exllamav3:4", 1.0), "layer_0_value": ("exllamav3:8", 1.0)}))
+    x = rng.standard_normal([1, 2, 2, 48]).astype(F32)
+    cases.append(dict(name="exllamav3_4_hd48_refused", spec="exllamav3:4", tensors=[tensor("t", x, "F32")],
+                      schemes={"t": (None, True)}, error="kvlib refuses ExLlamaV3's 4-bit cache for head_dim 48"))
     x = rng.standard_normal([1, 2, 2, 96]).astype(F32)
     cases.append(dict(name="exllamav2_q4_hd96_refused", spec="exllamav2:q4", tensors=[tensor("t", x, "F32")],
                       schemes={"t": (None, True)}, error="kvlib refuses ExLlamaV2's q4 for head_dim 96"))

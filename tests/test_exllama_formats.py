@@ -58,3 +58,16 @@ def test_q6_is_named_as_the_engine_names_it():
     assert q6.name == "exllamav2:q6" and q6.spec == "k=exllamav2:q8,v=exllamav2:q4"
     assert resolve_codec(q6.spec).name == "exllamav2:q6"
     assert resolve_codec("k=exllamav2:q4,v=exllamav2:q8").name == "k=exllamav2:q4,v=exllamav2:q8"
+
+
+def test_exllamav3_widths_are_listed_and_round_trip(cli):
+    """ExLlamaV3's cache at 2-8 bits, K and V apart as -cq K,V; a width reads back within its step."""
+    rows = json.loads(subprocess.run([cli, "schemes", "-engine", "exllamav3"], capture_output=True, text=True,
+                                     check=True).stdout)
+    assert [r["name"] for r in rows] == [f"exllamav3:{b}" for b in xr.V3_BITS]
+    assert [r["key_bits_per_element"] for r in rows] == [b + 0.5 for b in xr.V3_BITS]
+    assert rows[2]["flags"].startswith("-cq 4,4")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    errs = [np.sqrt(np.mean((xr.v3_compress(x, b)[1] - x.reshape(-1)) ** 2)) for b in xr.V3_BITS]
+    assert all(a > b for a, b in zip(errs, errs[1:])) and errs[-1] < 0.01  # each bit halves the error, roughly

@@ -106,7 +106,7 @@ const (
 )
 
 // engines lists the engines, in the order kv-compress schemes shows them.
-var engines = []*engine{llamaCpp, vllm, sglang, trtllm, exllamaV2}
+var engines = []*engine{llamaCpp, vllm, sglang, trtllm, exllamaV2, exllamaV3}
 
 // engineMethods are the quantizers of every engine format, and the
 // identity scheme none, looked up by quantizerOf after methods.

@@ -51,3 +51,28 @@ func TestKVFP4Block(t *testing.T) {
 		t.Errorf("a NaN block: %x", dst)
 	}
 }
+
+// ExLlamaV3's bit planes: 6 bits are q>>2 in words 0-3 (2 bits each) and
+// q&3 in words 4-5, not 6-bit fields; every width reads back its codes.
+func TestExLlamaV3BitPlanes(t *testing.T) {
+	if got := exl3Planes(7); len(got) != 3 || got[0] != 4 || got[1] != 2 || got[2] != 1 {
+		t.Fatalf("planes of 7: %v", got)
+	}
+	for bits := 2; bits <= 8; bits++ {
+		x := make([]float32, exl3Group)
+		for i := range x {
+			x[i] = float32(i%7) - 3
+		}
+		dst := make([]byte, 4*bits+2)
+		exl3Quantizer(bits)(x, dst)
+		y := make([]float32, exl3Group)
+		exl3Dequantizer(bits)(dst, y)
+		var worst float64
+		for i := range x {
+			worst = max(worst, math.Abs(float64(y[i]-x[i])))
+		}
+		if step := 3 * math.Sqrt(32) / math.Ldexp(1, bits-1) * 2; worst > step {
+			t.Errorf("%d bits: error %g beyond %g", bits, worst, step)
+		}
+	}
+}
