@@ -108,7 +108,7 @@ def run_case(c: dict) -> dict:
                        non_finite=int(np.sum(~np.isfinite(y))))
             continue
         if fmt.startswith("vllm:"):  # rotate holds the static scale of a per-tensor format
-            raw, y = vr.compress_tensor(x.reshape(t["shape"]), fmt.split(":")[1], rotate)
+            raw, y = vr.compress_tensor(x.reshape(t["shape"]), fmt.split(":")[1], rotate, t["dtype"])
             out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
                        non_finite=int(np.sum(~np.isfinite(y))), saturated=vr.saturated(x, fmt.split(":")[1], rotate))
             continue
@@ -362,8 +362,14 @@ def _vllm_cases(rng) -> list[dict]:
                      2.0 ** -16, 2.0 ** -17, 1e-30, -0.0, 0.0, 1.0625, 1.1875, 17, 19, 0.3, -0.7] * 4 + [0.0] * 32, F32)
     for fmt in vr.FORMATS:
         x = edge.reshape(1, 1, 2, 64)
+        if fmt == "int4_per_token_head":  # no range of its own; its float32 rotation of 3.3e38 overflows to NaN
+            x = np.where(np.abs(x) > 1e35, np.sign(x) * F32(1e35), x).astype(F32)
         cases.append(dict(name=f"vllm_{fmt}_past_the_range", spec=f"vllm:{fmt}", tensors=[tensor("layer_0_key", x, "F32")],
                           schemes={"layer_0_key": (f"vllm:{fmt}", 1.0)}))
+    # int4_per_token_head on head_dim 96 and 80: the RHT block-diagonal in blocks of 32 and 16.
+    for hd in (96, 80):
+        both_roles(f"vllm_int4_per_token_head_hd{hd}", "vllm:int4_per_token_head", [("vllm:int4_per_token_head", 1.0)] * 2,
+                   "BF16", [1, 2, 3, hd])
     # K and V formats apart, and layers skipped (--kv-cache-dtype-skip-layers 0 is kv0=none).
     both_roles("vllm_per_role", "k=vllm:fp8_e4m3,v=vllm:int8_per_token_head", [("vllm:fp8_e4m3", 1.0), ("vllm:int8_per_token_head", 1.0)],
                "BF16", [1, 2, 3, 128])

@@ -137,3 +137,48 @@ def test_kvq_headers_of_engine_formats_follow_the_schema(cli, tmp_path):
         # and a schema that would let anything through fails on a wrong record
         bad = [dict(r, scheme=dict(r["scheme"], scale=-1.0)) for r in records]
         assert not records_ok.is_valid(bad) or not any(r["scheme"]["method"].startswith("vllm:fp8") for r in records)
+
+
+def test_int4_rotation_is_vllms_own_code():
+    """int4_per_token_head's randomised Hadamard is vLLM's own Python (tests/third_party, verbatim from
+    the 0.33.0 wheel: the pure-torch path it runs without CUDA): on every int4 vector case its
+    rotation, rounded to the cache's dtype, is the reference's, so are its signs, and its inverse of
+    the stored values (divided by the block, as attention does) is what kv-compress restores."""
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    from kvq_reference import decode
+    from test_engine_formats import CASES
+
+    path = Path(__file__).parent / "third_party" / "vllm_int4_rht.py"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == "9883ea18ef7016e44d2fba770ab4f14b609de51b3d20eece1403fda6df9e6d58"
+    spec = importlib.util.spec_from_file_location("vllm_int4_rht", path)
+    rht = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rht)
+    torch_dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    assert np.array_equal(rht._get_rht_signs(256, 0, "cpu").numpy(), vr.rht_signs(256))
+    cases = [c for c in CASES if c["spec"] == "vllm:int4_per_token_head" and "error" not in c]
+    assert len(cases) >= 12
+    for c in cases:
+        for t in c["tensors"]:
+            x = decode(bytes.fromhex(t["input_hex"]), t["dtype"]).reshape(t["shape"])
+            d = x.shape[-1]
+            b = d & -d
+            dt = torch_dtype[t["dtype"]]
+            # reshape_and_cache_int4 (int4_per_token_head.py:867): single_rht(key.float()).to(key.dtype)
+            rotated = rht.single_rht(torch.from_numpy(x).to(dt).float()).to(dt).float().numpy().reshape(-1, d)
+            raw = np.frombuffer(bytes.fromhex(t["parts"][".codes"]), np.uint8).reshape(-1, d // 2 + 4)
+            q = np.stack([raw[:, : d // 2] & 0xF, raw[:, : d // 2] >> 4], axis=-1).reshape(-1, d).astype(np.float32)
+            bits = raw[:, d // 2:].copy().view("<u4")[:, 0]
+            zp, scale = (bits & 0xF).astype(np.float32), (bits & np.uint32(0xFFFFFFF0)).view(np.float32)
+            lo, hi = rotated.min(axis=1), rotated.max(axis=1)
+            want_scale = np.maximum(((hi - lo) / np.float32(15)).astype(np.float32), np.float32(1e-6))
+            assert np.array_equal(scale.view(np.uint32), want_scale.view(np.uint32) & np.uint32(0xFFFFFFF0)), c["name"]
+            deq = torch.from_numpy(((q - zp[:, None]) * scale[:, None]).astype(np.float32))
+            back = (rht.single_rht(deq, inverse=True) / b).numpy().reshape(-1)
+            got = np.frombuffer(bytes.fromhex(t["restored_hex"]), "<f4") if t["dtype"] == "F32" else None
+            if got is not None:
+                assert np.array_equal(back.view(np.uint32), got.view(np.uint32)), c["name"]

@@ -182,7 +182,7 @@ def test_engine_flag_sweeps_the_menu_in_write_mode(monkeypatch):
     with pytest.raises(SystemExit):
         cli_module.main(["--engine", "vllm"])
     assert seen["codecs"] == ["vllm:fp8", "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head",
-                              "vllm:fp8_per_token_head"]
+                              "vllm:fp8_per_token_head", "vllm:int4_per_token_head"]
     assert seen["mode"] == "write" and seen["peers"] is False
     with pytest.raises(SystemExit):
         cli_module.main(["--engine", "llama.cpp", "--mode", "prefix"])

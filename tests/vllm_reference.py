@@ -23,11 +23,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from sglang_reference import round_to
+
 F32 = np.float32
 ENGINE = "vllm"
 VERSION = "vLLM 0.33.0 (wheel, commit 4ba787ec9)"
 PER_TENSOR = ("fp8", "fp8_e4m3", "fp8_e5m2")
-PER_HEAD = ("int8_per_token_head", "fp8_per_token_head")
+PER_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 FORMATS = PER_TENSOR + PER_HEAD  # kv-compress schemes -engine vllm, in this order
 FP8 = {"fp8": (ml_dtypes.float8_e4m3fn, 448.0), "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0),
        "fp8_e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
@@ -83,7 +85,61 @@ def saturated(x: np.ndarray, fmt: str, scale: float) -> int:
         return int(np.sum(np.abs(np.asarray(x, F32) / F32(scale)) > F32(FP8[fmt][1])))
 
 
-def compress_tensor(x: np.ndarray, fmt: str, scale: float = 1.0) -> tuple[bytes, np.ndarray]:
+def rht_signs(n: int) -> np.ndarray:
+    """vLLM's RHT signs (torch.bernoulli(0.5) under manual_seed(0x9E3779B9)): -1 where bit 23 of
+    the i-th MT19937 output is set, from NumPy's own MT19937 seeded as std::mt19937(seed)."""
+    bg = np.random.MT19937()
+    bg._legacy_seeding(0x9E3779B9)
+    raw = bg.random_raw(n).astype(np.uint64)
+    return np.where(raw & (1 << 23), F32(-1), F32(1)).astype(F32)
+
+
+def _butterfly(y: np.ndarray) -> np.ndarray:
+    """The unnormalised Hadamard over the last axis (a power of two), stride 1 first, in float32."""
+    n = y.shape[-1]
+    h = 1
+    while h < n:
+        v = y.reshape(*y.shape[:-1], n // (2 * h), 2, h)
+        y = np.stack([v[..., 0, :] + v[..., 1, :], v[..., 0, :] - v[..., 1, :]], axis=-2).reshape(y.shape).astype(F32)
+        h <<= 1
+    return y
+
+
+def _half_away(v: np.ndarray) -> np.ndarray:
+    return np.where(v >= 0, np.trunc((v + F32(0.5)).astype(F32)), np.trunc((v - F32(0.5)).astype(F32))).astype(F32)
+
+
+def quantize_int4(x: np.ndarray, dtype: str) -> tuple[bytes, np.ndarray]:
+    """int4_per_token_head: the RHT (signs, butterfly in blocks of d's largest power-of-two divisor,
+    rounded to the cache's dtype), then per row asymmetric 4-bit codes and the float32 scale with the
+    zero point in its low 4 bits; the read (q - zp) * scale rotated back (signs * H(.) / block)."""
+    x = np.asarray(x, F32)
+    d = x.shape[-1]
+    b = d & -d
+    signs = rht_signs(b)
+    rows = x.reshape(-1, d // b, b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = round_to(_butterfly((rows * signs).astype(F32)), dtype).reshape(-1, d)
+    with np.errstate(all="ignore"):  # a rotation past float32's range: Inf, NaN, codes 0 (kv-compress's rule)
+        lo, hi = y.min(axis=1), y.max(axis=1)
+        scale = np.maximum(((hi - lo) / F32(15)).astype(F32), F32(1e-6)).astype(F32)
+        zp = _half_away((-lo / scale).astype(F32))
+        zp = np.where(np.isnan(zp), F32(0), np.clip(zp, 0, 15)).astype(F32)
+        inv = (F32(1) / scale).astype(F32)
+        qf = _half_away(((y * inv[:, None]).astype(F32) + zp[:, None]).astype(F32))
+        q = np.where(np.isnan(qf), 0, np.clip(qf, 0, 15)).astype(np.uint8)
+    packed = q[:, 0::2] | (q[:, 1::2] << 4)
+    stored = (scale.view(np.uint32) & np.uint32(0xFFFFFFF0)) | zp.astype(np.uint32)
+    blocks = np.concatenate([packed, stored.astype("<u4").view(np.uint8).reshape(-1, 4)], axis=1)
+    with np.errstate(all="ignore"):
+        deq = ((q.astype(F32) - zp[:, None]) * (stored & np.uint32(0xFFFFFFF0)).view(F32)[:, None]).astype(F32)
+        back = (_butterfly(deq.reshape(-1, d // b, b)) * F32(1.0 / b) * signs).astype(F32)
+    return blocks.tobytes(), back.reshape(x.shape)
+
+
+def compress_tensor(x: np.ndarray, fmt: str, scale: float = 1.0, dtype: str = "F32") -> tuple[bytes, np.ndarray]:
+    if fmt == "int4_per_token_head":
+        return quantize_int4(x, dtype)
     if fmt in PER_HEAD:
         return quantize_per_head(x, fmt)
     raw, y = quantize_per_tensor(x, fmt, scale)

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"kvlib/pkg/safetensors"
 )
 
 // Engine-qualified schemes: the KV-cache formats serving engines ship,
@@ -60,6 +62,9 @@ type engineFormat struct {
 	// overflowing scale gives what the engine computes.
 	quantize   func(x []float32, dst []byte) (nonFinite bool)
 	dequantize func(src []byte, dst []float32)
+	// quantizeDT, when set instead of quantize, also takes the cache's
+	// dtype: a format that rounds an intermediate to it.
+	quantizeDT func(x []float32, dst []byte, dt safetensors.DType) (nonFinite bool)
 	// encodeAll and decodeAll, for an unblocked type, convert a whole
 	// chunk at once (quantizer.encodeAll); nil for block types.
 	encodeAll func(j *tensorJob, x []float32, qlo, qhi int)

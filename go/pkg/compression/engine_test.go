@@ -384,7 +384,7 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 28 {
+	if all, err := EngineReport("all"); err != nil || len(all) != 29 {
 		t.Errorf("all: %d, %v", len(all), err)
 	}
 	if _, err := EngineReport("tgi"); err == nil || err.Error() != `unknown engine "tgi" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, or all)` {
@@ -425,7 +425,8 @@ func TestEngineReport(t *testing.T) {
 	want := []struct {
 		format string
 		bits   float64
-	}{{"fp8", 8}, {"fp8_e4m3", 8}, {"fp8_e5m2", 8}, {"int8_per_token_head", 8.25}, {"fp8_per_token_head", 8.25}}
+	}{{"fp8", 8}, {"fp8_e4m3", 8}, {"fp8_e5m2", 8}, {"int8_per_token_head", 8.25}, {"fp8_per_token_head", 8.25},
+		{"int4_per_token_head", 4.25}}
 	if err != nil || len(rows) != len(want) {
 		t.Fatalf("vllm: %d rows, %v", len(rows), err)
 	}
@@ -730,7 +731,7 @@ var engineFuzzSpecs = []string{"llama.cpp:f16", "llama.cpp:q8_0", "llama.cpp:q5_
 	"llama.cpp:q4_0", "llama.cpp:iq4_nl", "llama.cpp:q4_0/norot", "k=llama.cpp:q8_0,v=llama.cpp:iq4_nl/norot",
 	"llama.cpp:q5_1,kv0=none", "none", "k=none,v=llama.cpp:q4_1+lossless", "sglang:fp4_e2m1", "sglang:fp8_e4m3/scale0.25",
 	"vllm:int8_per_token_head", "k=vllm:fp8_per_token_head,v=sglang:fp4_e2m1", "exllamav2:q4", "exllamav2:q6", "exllamav2:fp8",
-	"trtllm:fp8/scale0.125", "k=trtllm:int8/scale0.02,v=trtllm:fp8", "exllamav3:3", "k=exllamav3:4,v=exllamav3:7"}
+	"trtllm:fp8/scale0.125", "k=trtllm:int8/scale0.02,v=trtllm:fp8", "exllamav3:3", "k=exllamav3:4,v=exllamav3:7", "vllm:int4_per_token_head"}
 
 // FuzzEngineCompress: caches of any shape, dtype and values through the
 // engine formats: whatever compresses decompresses to exactly the

@@ -76,3 +76,27 @@ func TestExLlamaV3BitPlanes(t *testing.T) {
 		}
 	}
 }
+
+// vLLM's RHT signs: torch.bernoulli(0.5) under manual_seed(0x9E3779B9),
+// as docs/research/vllm-0.33.0-kv-formats.md 2b lists them (checked there
+// against torch), from kvlib's own MT19937.
+func TestVLLMSigns(t *testing.T) {
+	want := []uint32{0x9a8ca6f2, 0x7f7fca4e, 0x59bbc293, 0x9480abc7, 0xb55b747e, 0x54503bbe, 0xcdf467b7, 0x05dfbc5f}
+	s := vllmSigns(256)
+	for w, mask := range want {
+		for b := 0; b < 32; b++ {
+			if s[32*w+b] != (mask>>b&1 == 1) {
+				t.Fatalf("sign %d: %v, want mask %08x", 32*w+b, s[32*w+b], mask)
+			}
+		}
+	}
+	// std::mt19937(5489)'s 10000th output is 4123659995 (the C++ standard's check).
+	m := newMT19937(5489)
+	var v uint32
+	for i := 0; i < 10000; i++ {
+		v = m.next()
+	}
+	if v != 4123659995 {
+		t.Errorf("mt19937 10000th output %d", v)
+	}
+}

@@ -533,7 +533,14 @@ func ggmlDequantizer(m Method) func(src []byte, dst []float32) {
 // gi of the job's codes.
 func (j *tensorJob) encodeEngine(x []float32, _ []int8, gi int) error {
 	f, bb := j.l.q.engine, j.l.blockBytes
-	if f.quantize(x, j.codes[gi*bb:(gi+1)*bb]) && j.l.rot == 0 {
+	dst := j.codes[gi*bb : (gi+1)*bb]
+	var nonFinite bool
+	if f.quantizeDT != nil {
+		nonFinite = f.quantizeDT(x, dst, j.dtype)
+	} else {
+		nonFinite = f.quantize(x, dst)
+	}
+	if nonFinite && j.l.rot == 0 {
 		return ErrNotFinite // the engine would store it; kv-compress refuses a cache with NaN or Inf
 	}
 	return nil // after the rotation, an Inf its sums made: stored as the engine stores it

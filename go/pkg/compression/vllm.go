@@ -40,7 +40,12 @@ var vllm = &engine{
 	name:    "vllm",
 	version: "vLLM 0.33.0 (wheel, commit 4ba787ec9)",
 	flag:    "--kv-cache-dtype %s",
-	detail: func(*engineFormat) string {
+	detail: func(f *engineFormat) string {
+		if f.name == "int4_per_token_head" {
+			return "read, its rotation executed: vLLM's own RHT (fast_hadamard_transform, _get_rht_signs, single_rht; " +
+				"tests/third_party/vllm_int4_rht.py, verbatim from the wheel) runs on the vector caches and gives the codec's " +
+				"rotated values, signs and restored cache; the Triton quantizer was read (file cited), not run"
+		}
 		return "read: from the pinned source (file cited); tests/vllm_reference.py, the NumPy reference written from it, pins the " +
 			"codec bit for bit (tests/vectors/engine_vectors.json), its float8 casts checked against torch's; vLLM's CUDA and " +
 			"Triton writers have not run on these bytes (no GPU here)"
@@ -63,6 +68,7 @@ var vllm = &engine{
 			source:     "v1/attention/ops/triton_reshape_and_cache_flash.py:168-283 (_reshape_cache_per_token_head, FP8_MAX 448)",
 			quantize:   perHeadQuantizer(perHeadFP8),
 			dequantize: perHeadDequantizer(perHeadFP8)},
+		vllmInt4,
 	},
 }
 

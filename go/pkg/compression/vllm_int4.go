@@ -1,0 +1,189 @@
+package compression
+
+import (
+	"encoding/binary"
+	"math"
+
+	"kvlib/pkg/safetensors"
+)
+
+// vLLM 0.33.0's int4_per_token_head (v1/attention/ops/int4_per_token_head.py).
+//
+// The write, reshape_and_cache_int4 (:856-879): each head vector through a
+// randomised Hadamard transform, key.float() times seeded signs, then the
+// unnormalised Sylvester Hadamard (fast_hadamard_transform, :1075-1122),
+// block-diagonal in blocks of the largest power of two dividing head_dim
+// (the same signs in every block, :1146-1167), cast back to the cache's
+// dtype (:867-868); the signs are 2·bernoulli(0.5) - 1 under
+// torch.Generator().manual_seed(0x9E3779B9) (:1132-1143): -1 where bit 23
+// of the i-th MT19937 output is set (torch's CPU Bernoulli:
+// u = (x & 0xFFFFFF)·2^-24 < 0.5 gives 1). The Hadamard here is the
+// PyTorch butterfly in float32, the implementation vLLM runs without CUDA;
+// on NVIDIA GPUs hadacore computes it through bfloat16 instead (its
+// internal rounding was not read: docs/research/vllm-0.33.0-kv-formats.md
+// 2b), which can move the rotated values by a bf16 step.
+//
+// Then the Triton kernel _reshape_cache_int4_kernel (:64-255), per token
+// and head on the rotated values widened to float32: scale =
+// max((max - min)/15, 1e-6), zero point zp = clamp(round_half_away(-min /
+// scale), 0, 15), q = clamp(round_half_away(x·(1/scale) + zp), 0, 15);
+// element 2j in the low nibble; the scale stored as float32 with zp in its
+// low four mantissa bits ((bits &^ 0xF) | zp, :158-162). The read (:549-554)
+// takes zp from those bits and the truncated scale: (q - zp)·scale, in the
+// rotated basis; attention rotates the query the same way and its output
+// back (:917-951), so the cache it reads is, in the model's basis, the
+// inverse transform of that: signs ⊙ H(x̂)/block, which kv-compress
+// restores (float32). Not modelled: the query's rotation rounded to the
+// model's dtype. Divisions are IEEE here, div.full.f32 on the GPU (within
+// 2 ulp), and the GPU may fuse x·inv + zp into one rounding.
+var vllmInt4 = &engineFormat{name: "int4_per_token_head", bits: 4, perHead: true, evidence: EvidenceRead,
+	source:     "v1/attention/ops/int4_per_token_head.py:64-255 (_reshape_cache_int4_kernel), 856-879 (reshape_and_cache_int4), 1075-1167 (the RHT)",
+	quantizeDT: vllmInt4Quantize, dequantize: vllmInt4Dequantize}
+
+// vllmSignSeed is the RHT's generator seed, 0x9E3779B9 + round_idx·0x517CC1B7 with round_idx 0.
+const vllmSignSeed = 0x9E3779B9
+
+// vllmSigns are the first n signs of the RHT: true where the sign is -1.
+func vllmSigns(n int) []bool {
+	mt := newMT19937(vllmSignSeed)
+	out := make([]bool, n)
+	for i := range out {
+		out[i] = mt.next()&(1<<23) != 0
+	}
+	return out
+}
+
+// vllmRHT rotates a head vector in place as vLLM's CPU path does: signs,
+// then the float32 butterfly in blocks of the largest power of two
+// dividing len(x); inverse additionally divides by the block size (the
+// transform is its own inverse up to that factor).
+func vllmRHT(x []float32, inverse bool) {
+	d := len(x)
+	b := d & -d
+	signs := vllmSigns(b)
+	for lo := 0; lo < d; lo += b {
+		blk := x[lo : lo+b]
+		if !inverse {
+			for i, neg := range signs {
+				if neg {
+					blk[i] = -blk[i]
+				}
+			}
+		}
+		for h := 1; h < b; h <<= 1 {
+			for i := 0; i < b; i += 2 * h {
+				for j := i; j < i+h; j++ {
+					a, c := blk[j], blk[j+h]
+					blk[j], blk[j+h] = a+c, a-c
+				}
+			}
+		}
+		if inverse {
+			inv := float32(1) / float32(b) // a power of two: exact
+			for i, neg := range signs {
+				blk[i] *= inv
+				if neg {
+					blk[i] = -blk[i]
+				}
+			}
+		}
+	}
+}
+
+// roundHalfAway is the kernel's where(v >= 0, trunc(v + 0.5), trunc(v - 0.5)).
+func roundHalfAway(v float32) float32 {
+	if v >= 0 {
+		return float32(math.Trunc(float64(float32(v + 0.5))))
+	}
+	return float32(math.Trunc(float64(float32(v - 0.5))))
+}
+
+// vllmInt4Quantize writes one head vector of a cache of dtype dt: d/2
+// bytes of nibbles, then the float32 scale carrying the zero point.
+func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
+	d := len(x)
+	y := make([]float32, d)
+	copy(y, x)
+	vllmRHT(y, false)
+	round := dtypeRounding(dt)
+	lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
+	nonFinite := false
+	for i, v := range y {
+		v = round(v)
+		y[i] = v
+		nonFinite = nonFinite || math.IsNaN(float64(x[i])) || math.IsInf(float64(x[i]), 0)
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	scale := max((hi-lo)/15, 1e-6)
+	zp := clampNibble(roundHalfAway(-lo / scale))
+	inv := 1 / scale
+	codes := dst[:d/2]
+	for i, v := range y {
+		q := uint8(clampNibble(roundHalfAway(float32(v*inv) + zp)))
+		if i&1 == 0 {
+			codes[i/2] = q
+		} else {
+			codes[i/2] |= q << 4
+		}
+	}
+	binary.LittleEndian.PutUint32(dst[d/2:], math.Float32bits(scale)&^0xF|uint32(zp))
+	return nonFinite
+}
+
+// clampNibble is clamp(v, 0, 15), and 0 for a NaN (a rotation past
+// float32's range; the GPU's conversion of it is not specified).
+func clampNibble(v float32) float32 {
+	if v != v {
+		return 0
+	}
+	return min(max(v, 0), 15)
+}
+
+// vllmInt4Dequantize reads one head vector back into the model's basis.
+func vllmInt4Dequantize(src []byte, dst []float32) {
+	d := len(dst)
+	bits := binary.LittleEndian.Uint32(src[d/2:])
+	zp, scale := float32(bits&0xF), math.Float32frombits(bits&^0xF)
+	for i := range dst {
+		q := float32(src[i/2] >> (4 * (i & 1)) & 0xF)
+		dst[i] = (q - zp) * scale
+	}
+	vllmRHT(dst, true)
+}
+
+// An mt19937 is the 32-bit Mersenne Twister (std::mt19937, which torch's
+// CPU generator is), seeded as std::mt19937(seed).
+type mt19937 struct {
+	state [624]uint32
+	i     int
+}
+
+func newMT19937(seed uint32) *mt19937 {
+	m := &mt19937{i: 624}
+	m.state[0] = seed
+	for k := 1; k < 624; k++ {
+		p := m.state[k-1]
+		m.state[k] = 1812433253*(p^p>>30) + uint32(k)
+	}
+	return m
+}
+
+func (m *mt19937) next() uint32 {
+	if m.i >= 624 {
+		for k := 0; k < 624; k++ {
+			y := m.state[k]&0x80000000 | m.state[(k+1)%624]&0x7fffffff
+			v := m.state[(k+397)%624] ^ y>>1
+			if y&1 != 0 {
+				v ^= 0x9908b0df
+			}
+			m.state[k] = v
+		}
+		m.i = 0
+	}
+	y := m.state[m.i]
+	m.i++
+	y ^= y >> 11
+	y ^= y << 7 & 0x9d2c5680
+	y ^= y << 15 & 0xefc60000
+	return y ^ y>>18
+}
