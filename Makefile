@@ -19,7 +19,7 @@ SCHEME      ?= int4
 # prefix: the context compressed once (the gate); write: every K/V quantized as written, as engines do
 # (the default of make sweep ENGINE=...).
 MODE        ?= prefix
-# make sweep's engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3 or all): its menu of KV-cache formats instead of SCHEMES.
+# make sweep's engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp or all): its menu of KV-cache formats instead of SCHEMES.
 ENGINE      ?=
 BITS        ?=
 GROUP_SIZE  ?=

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(kv-compress schemes lists the presets); repeat it to compare schemes in one pass")
     p.add_argument("--schemes", default=None, help="presets and specs to compare in one pass, or 'all': commas between schemes (k=...,v=... stays one), or ';' between specs")
     p.add_argument("--engine", default=None, metavar="ENGINE",
-                   help="sweep every KV-cache format of an engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, or all; kv-compress schemes -engine "
+                   help="sweep every KV-cache format of an engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, or all; kv-compress schemes -engine "
                    "lists them) in write mode, as the engine writes its cache: the cheapest option that passes")
     p.add_argument("--calibrated-scales", action="store_true",
                    help="validate each static-scale engine format (vllm:fp8...) also with scales calibrated per layer on "

@@ -21,6 +21,7 @@ import numpy as np
 
 import engine_reference as er
 import exllama_reference as xr
+import mx_reference as mr
 import sglang_reference as sr
 import trtllm_reference as tr
 import vllm_reference as vr
@@ -101,6 +102,11 @@ def run_case(c: dict) -> dict:
             raw, y, sat = tr.compress_tensor(x, fmt.split(":")[1], t["dtype"], rotate)
             out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
                        non_finite=int(np.sum(~np.isfinite(y))), saturated=sat)
+            continue
+        if fmt.startswith("ocp:"):
+            raw, y = mr.compress_tensor(x, fmt.split(":")[1])
+            out.update(format=fmt, parts={".codes": raw.hex()}, restored_hex=restored_bytes(y, t["dtype"]).hex(), rotation_size=0,
+                       non_finite=int(np.sum(~np.isfinite(y))))
             continue
         if fmt.startswith(("exllamav2:", "exllamav3:")):
             raw, y = xr.compress_tensor(x, ("v3:" if fmt.startswith("exllamav3:") else "") + fmt.split(":")[1])
@@ -212,7 +218,7 @@ def _cases() -> list[dict]:
     # head_dim 80 is fine for f16, which has no blocks
     t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
     cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
-    return cases + _vllm_cases(rng) + _sglang_cases(rng) + _trtllm_cases(rng) + _exllama_cases(rng)
+    return cases + _vllm_cases(rng) + _sglang_cases(rng) + _trtllm_cases(rng) + _exllama_cases(rng) + _mx_cases(rng)
 
 
 def _sglang_cases(rng) -> list[dict]:
@@ -290,6 +296,30 @@ def _trtllm_cases(rng) -> list[dict]:
     for fmt in tr.FORMATS:
         cases.append(dict(name=f"trtllm_{fmt}_past_the_range", spec=f"trtllm:{fmt}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
                           schemes={"layer_0_key": (f"trtllm:{fmt}", 1.0)}))
+    return cases
+
+
+def _mx_cases(rng) -> list[dict]:
+    """The OCP MX formats (tests/mx_reference.py): F32, F16 and BF16 caches with head_dim 64, 128 and
+    256; ties of each element format, maxima just under and at powers of two (V / X up to 2**(emax+1):
+    saturated), an all-zero block (scale 2**-127), tiny and huge blocks; head_dim 48 refused."""
+    cases = []
+    for fmt in mr.FORMATS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+                cases.append(dict(name=f"ocp_{fmt}_{dtype.lower()}_hd{hd}", spec=f"ocp:{fmt}", tensors=ts,
+                                  schemes={t["name"]: (f"ocp:{fmt}", 1.0) for t in ts}))
+        ties = np.r_[F32([7.9, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -5, -0.1, 6, 7, 4.5, 0.0625, 0.09375, 0.03125]),
+                     np.linspace(-2, 2, 16, dtype=F32)].astype(F32)
+        edge = np.r_[ties, ties * F32(2.0 ** 20), np.zeros(32, F32), np.nextafter(F32(512), F32(0)), np.ones(31, F32),
+                     F32(3e38), np.ones(31, F32) * F32(1e30), F32(1e-30), np.zeros(31, F32), F32(1e-44), np.zeros(31, F32),
+                     F32([448, -449, 6, -6.5]), np.ones(28, F32)].astype(F32)
+        cases.append(dict(name=f"ocp_{fmt}_edges", spec=f"ocp:{fmt}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 4, 64), "F32")],
+                          schemes={"layer_0_key": (f"ocp:{fmt}", 1.0)}))
+    x = rng.standard_normal([1, 2, 2, 48]).astype(F32)
+    cases.append(dict(name="ocp_mxfp4_hd48_refused", spec="ocp:mxfp4", tensors=[tensor("t", x, "F32")],
+                      schemes={"t": (None, True)}, error="kvlib refuses mxfp4 for head_dim 48"))
     return cases
 
 

@@ -111,7 +111,7 @@ const (
 )
 
 // engines lists the engines, in the order kv-compress schemes shows them.
-var engines = []*engine{llamaCpp, vllm, sglang, trtllm, exllamaV2, exllamaV3}
+var engines = []*engine{llamaCpp, vllm, sglang, trtllm, exllamaV2, exllamaV3, ocpMX}
 
 // engineMethods are the quantizers of every engine format, and the
 // identity scheme none, looked up by quantizerOf after methods.

@@ -281,7 +281,7 @@ func TestParseEngineSpecs(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"tgi:fp8", `unknown engine "tgi" in "tgi:fp8" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3)`},
+		{"tgi:fp8", `unknown engine "tgi" in "tgi:fp8" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp)`},
 		{"exllamav3:9", `exllamav3 has no KV-cache format "9" (its formats: 2, 3, 4, 5, 6, 7, 8)`},
 		{"trtllm:nvfp4", `trtllm has no KV-cache format "nvfp4" (its formats: fp8, int8)`},
 		{"exllamav2:q6/g32", "preset exllamav2:q6 differs by role"},
@@ -384,10 +384,10 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 29 {
+	if all, err := EngineReport("all"); err != nil || len(all) != 31 {
 		t.Errorf("all: %d, %v", len(all), err)
 	}
-	if _, err := EngineReport("tgi"); err == nil || err.Error() != `unknown engine "tgi" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, or all)` {
+	if _, err := EngineReport("tgi"); err == nil || err.Error() != `unknown engine "tgi" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, or all)` {
 		t.Errorf("tgi: %v", err)
 	}
 	if all, _ := EngineReport("all"); true {
@@ -731,7 +731,7 @@ var engineFuzzSpecs = []string{"llama.cpp:f16", "llama.cpp:q8_0", "llama.cpp:q5_
 	"llama.cpp:q4_0", "llama.cpp:iq4_nl", "llama.cpp:q4_0/norot", "k=llama.cpp:q8_0,v=llama.cpp:iq4_nl/norot",
 	"llama.cpp:q5_1,kv0=none", "none", "k=none,v=llama.cpp:q4_1+lossless", "sglang:fp4_e2m1", "sglang:fp8_e4m3/scale0.25",
 	"vllm:int8_per_token_head", "k=vllm:fp8_per_token_head,v=sglang:fp4_e2m1", "exllamav2:q4", "exllamav2:q6", "exllamav2:fp8",
-	"trtllm:fp8/scale0.125", "k=trtllm:int8/scale0.02,v=trtllm:fp8", "exllamav3:3", "k=exllamav3:4,v=exllamav3:7", "vllm:int4_per_token_head"}
+	"trtllm:fp8/scale0.125", "k=trtllm:int8/scale0.02,v=trtllm:fp8", "exllamav3:3", "k=exllamav3:4,v=exllamav3:7", "vllm:int4_per_token_head", "ocp:mxfp4", "k=ocp:mxfp8_e4m3,v=ocp:mxfp4"}
 
 // FuzzEngineCompress: caches of any shape, dtype and values through the
 // engine formats: whatever compresses decompresses to exactly the
