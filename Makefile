@@ -186,6 +186,7 @@ bench-gpu: setup
 # llama.cpp beside kvlib: llama-perplexity built once from the pinned sdist (peers/llamacpp.txt; cmake and a C/C++
 # compiler, not part of setup), then both sides on the same GGUF, text and chunks (docs/engines.md).
 LLAMACPP_TYPES ?= q8_0,q4_0
+# (K/V sets them apart: q4_0/f16 is K only, -ctk q4_0 -ctv f16)
 LLAMACPP_ROTATION ?= on,off
 LLAMACPP_CHUNKS ?= 8
 peer-llamacpp: setup

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvlib.runs.llamacpp import CacheTypes, ChunkRun, delta, kvlib_spec, paired_ci, parse_chunks
+from kvlib.runs.llamacpp import CacheTypes, ChunkRun, delta, kvlib_spec, paired_ci, parse_chunks, parse_types
 from kvlib.scoring.perplexity import plan_chunks
 
 # llama-perplexity --ppl-output-type 1 on SmolLM2-135M, WikiText-2 valid, -c 2048 (first 3 rows).
@@ -37,6 +37,14 @@ def test_settings_name_their_flags_and_specs():
     assert kvlib_spec(CacheTypes("q4_0", "q4_0", False)) == "llama.cpp:q4_0/norot"
     assert kvlib_spec(CacheTypes("q8_0", "f16", False)) == "k=llama.cpp:q8_0/norot,v=llama.cpp:f16"
     assert CacheTypes("q4_0", "q4_0", False).flags == "LLAMA_ATTN_ROT_DISABLE=1 llama-perplexity -ctk q4_0 -ctv q4_0"
+
+
+def test_types_name_k_and_v_apart():
+    """--types q4_0/f16 is the K-only setting (-ctk q4_0 -ctv f16); a bad type is one line naming it."""
+    assert parse_types("q8_0,q4_0/f16") == [("q8_0", "q8_0"), ("q4_0", "f16")]
+    assert CacheTypes("q4_0", "f16", True).label == "K q4_0, V f16, rotation on"
+    with pytest.raises(ValueError, match="q3_k is not a llama.cpp cache type"):
+        parse_types("q4_0/q3_k")
 
 
 def test_paired_ci_brackets_the_difference_and_is_zero_for_equal_sides():

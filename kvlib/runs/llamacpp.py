@@ -258,13 +258,28 @@ def print_side_by_side(r: SideBySide) -> None:
               f"{c.kvlib_delta - c.engine_delta:+10.4f} [{lo:+8.4f}, {hi:+8.4f}]  {'yes' if c.agrees else 'no'}")
 
 
+def parse_types(text: str) -> list[tuple[str, str]]:
+    """--types: cache types, each TYPE (-ctk and -ctv both) or K/V (q4_0/f16: -ctk q4_0 -ctv f16, the
+    K-only setting)."""
+    pairs = []
+    for t in (t for t in text.split(",") if t):
+        k, _, v = t.partition("/")
+        v = v or k
+        bad = [x for x in (k, v) if x not in TYPES]
+        if bad:
+            raise ValueError(f"--types {t}: {', '.join(bad)} is not a llama.cpp cache type ({', '.join(TYPES)})")
+        pairs.append((k, v))
+    return pairs
+
+
 def main(argv: list[str] | None = None) -> int:
     """make peer-llamacpp: build llama-perplexity, run both sides, print the table, write the JSON."""
 
     ap = argparse.ArgumentParser(prog="python -m kvlib.runs.llamacpp", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded", help="a GGUF model (zoo name, 'embedded' or a .gguf path)")
     ap.add_argument("--corpus", default="wikitext-2-valid", help="'wikitext-2-valid' (shipped) or a text file")
-    ap.add_argument("--types", default="q8_0,q4_0", help=f"cache types, of {', '.join(TYPES)}")
+    ap.add_argument("--types", default="q8_0,q4_0", help=f"cache types, of {', '.join(TYPES)}; K/V for K and V apart "
+                    "(q4_0/f16: K only)")
     ap.add_argument("--rotation", default="on,off", help="on, off or on,off")
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=8)
@@ -274,12 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         src = resolve_model(a.model)
         if not src.gguf_file:
             raise ValueError(f"{a.model}: llama.cpp needs a GGUF model")
-        types = [t for t in a.types.split(",") if t]
-        bad = [t for t in types if t not in TYPES]
-        if bad:
-            raise ValueError(f"--types {','.join(bad)}: not a llama.cpp cache type ({', '.join(TYPES)})")
+        pairs = parse_types(a.types)
         rot = {"on": [True], "off": [False], "on,off": [True, False], "off,on": [False, True]}[a.rotation]
-        settings = [CacheTypes(t, t, r) for t in types for r in rot if t != "f16"]
+        settings = [CacheTypes(k, v, r) for k, v in pairs for r in rot if (k, v) != ("f16", "f16")]
         with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
             text = Path(a.corpus)
             if not text.is_file():  # a named corpus, written out for llama-perplexity's -f
