@@ -3,6 +3,8 @@ package compression
 import (
 	"encoding/binary"
 	"math"
+	"math/bits"
+	"sync"
 
 	"kvlib/pkg/safetensors"
 )
@@ -43,6 +45,20 @@ var vllmInt4 = &engineFormat{name: "int4_per_token_head", bits: 4, perHead: true
 // vllmSignSeed is the RHT's generator seed, 0x9E3779B9 + round_idx·0x517CC1B7 with round_idx 0.
 const vllmSignSeed = 0x9E3779B9
 
+// vllmSignCache holds the signs of each power-of-two block size, made
+// once: every head vector of a cache takes the same ones.
+var vllmSignCache [32]struct {
+	once  sync.Once
+	signs []bool
+}
+
+// vllmSignsOf are vllmSigns(b) for a power of two b, cached.
+func vllmSignsOf(b int) []bool {
+	c := &vllmSignCache[bits.TrailingZeros(uint(b))]
+	c.once.Do(func() { c.signs = vllmSigns(b) })
+	return c.signs
+}
+
 // vllmSigns are the first n signs of the RHT: true where the sign is -1.
 func vllmSigns(n int) []bool {
 	mt := newMT19937(vllmSignSeed)
@@ -60,7 +76,7 @@ func vllmSigns(n int) []bool {
 func vllmRHT(x []float32, inverse bool) {
 	d := len(x)
 	b := d & -d
-	signs := vllmSigns(b)
+	signs := vllmSignsOf(b)
 	for lo := 0; lo < d; lo += b {
 		blk := x[lo : lo+b]
 		if !inverse {
@@ -102,8 +118,12 @@ func roundHalfAway(v float32) float32 {
 // bytes of nibbles, then the float32 scale carrying the zero point.
 func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 	d := len(x)
-	y := make([]float32, d)
-	copy(y, x)
+	var buf [512]float32 // head_dim <= 512 without an allocation
+	y := buf[:0]
+	if d > len(buf) {
+		y = make([]float32, 0, d)
+	}
+	y = append(y, x...)
 	vllmRHT(y, false)
 	round := dtypeRounding(dt)
 	lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
