@@ -8,11 +8,10 @@ passes with confidence. Exit 2 on any error.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
 
+from kvlib.env import stop_on_sigterm
 from kvlib.models import corpus, zoo
 from kvlib.models.sources import TINYLLAMA
 from kvlib.checks.agreement import AgreementConfig
@@ -123,15 +122,8 @@ def check_output_path(path: str) -> None:
         raise OSError(f"--json {path}: cannot write there ({e.strerror or e})") from None
 
 
-def stop_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM ends a run as Ctrl-C does: by an exception, so that every ``with`` and ``finally``
-    runs (temporary directories, the codec server, shared memory); exit status 128 + 15."""
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop_on_sigterm)
+    stop_on_sigterm()
     args = build_parser().parse_args(argv)
     if args.list_models:
         print(zoo.format_models(zoo.list_models()))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,3 +43,15 @@ def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file, computed once per (path, size, mtime) in a process."""
     st = os.stat(path)
     return _sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM ends the process as Ctrl-C does: by an exception, so that every ``with``
+    and ``finally`` runs (temporary directories, the codec server, llama-perplexity's process group,
+    shared memory); exit status 128 + 15. Only the main thread can install it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_exit)

@@ -122,8 +122,16 @@ def test_sigterm_ends_a_run_as_ctrl_c_does():
     (temporary directories, the codec server): a killed run leaves nothing behind."""
     import signal
 
-    from kvlib.cli import stop_on_sigterm
+    from kvlib import env
+    from kvlib.cli import main
 
-    with pytest.raises(SystemExit) as e:
-        stop_on_sigterm(signal.SIGTERM, None)
-    assert e.value.code == 143
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["--list-models"]) == 0
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler is env._raise_exit
+        with pytest.raises(SystemExit) as e:
+            handler(signal.SIGTERM, None)
+        assert e.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -4,6 +4,7 @@ a setting, and the paired CI (the runs themselves: make peer-llamacpp)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,25 @@ def test_paired_ci_brackets_the_difference_and_is_zero_for_equal_sides():
     other = ChunkRun([2110.0 + 3 * i for i in range(8)], 1023)
     lo, hi = paired_ci(run, base, other, base)
     assert lo <= delta(other, base) - delta(run, base) <= hi and lo > 0
+
+
+def test_a_killed_comparison_cleans_up(tmp_path):
+    """make peer-llamacpp's process turns SIGTERM into an exit that runs its cleanup (llama-perplexity's
+    process group killed, the temporary corpus removed), as kv-validate does."""
+    import signal
+    import subprocess
+    import sys
+
+
+    code = ("import signal, tempfile, time, kvlib.env as e\n"
+            "e.stop_on_sigterm()\n"
+            f"with tempfile.TemporaryDirectory(prefix='kvlib-llamacpp-', dir={str(tmp_path)!r}):\n"
+            "    print('ready', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not list(tmp_path.iterdir())
+    from kvlib.runs import llamacpp
+    assert "stop_on_sigterm()" in Path(llamacpp.__file__).read_text()
+

@@ -28,6 +28,7 @@ from gguf import GGUFReader
 
 from kvlib.codec.server import SharedContext, shared_server
 from kvlib.codec.spec import resolve_codec
+from kvlib.env import stop_on_sigterm
 from kvlib.gates import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, CI_LEVEL
 from kvlib.models.corpus import load_corpus, tokenize
 from kvlib.models.sources import load_model_and_tokenizer, resolve_model
@@ -274,6 +275,7 @@ def parse_types(text: str) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """make peer-llamacpp: build llama-perplexity, run both sides, print the table, write the JSON."""
+    stop_on_sigterm()  # a killed run kills llama-perplexity's group and removes its temporary files
 
     ap = argparse.ArgumentParser(prog="python -m kvlib.runs.llamacpp", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded", help="a GGUF model (zoo name, 'embedded' or a .gguf path)")
