@@ -13,7 +13,7 @@ Production code never imports it.
 - ExLlamaV3's CacheLayer_quant, 2-8 bits (v3/cache/q_cache_kernels.cuh:61-236; part B): per group of
   32, the fp16 values through the float32 Hadamard of 32 times float32(1/sqrt(32)); s = max|v| + 1e-10;
   q = clamp(floor(fp32(fp32(v * fp32(1/s)) * m + m)), 0, 2**bits - 1); bit planes 8, 4, 2, 1; the
-  scale as fp16. The read: (q - (m - 0.5)) * fp32(fp32(fp16 scale / sqrt(32)) * 2**(1-bits)), the
+  scale as fp16. The read: (q - (m - 0.5)) * fp32(fp32(fp16 scale * fp32(1/sqrt(32))) * 2**(1-bits)), the
   butterfly, fp16.
 """
 

@@ -260,8 +260,10 @@ def _sglang_fp4_cases(rng) -> list[dict]:
              np.r_[np.nextafter(F32(24), F32(30)), np.ones(15, F32)].astype(F32),  # 1 ulp past 6 * 2**2
              np.r_[F32(6e-10), -F32(1e-12), np.zeros(14, F32)].astype(F32),  # the 1e-10 floor
              np.r_[F32(3.4e38), -F32(3.4e38), np.ones(14, F32)].astype(F32),  # the largest scale byte: Inf read back
-             np.r_[F32(-0.5), F32(-1e-20), np.zeros(14, F32)].astype(F32)]
-    x = np.concatenate(edges).reshape(1, 1, 2, 64)
+             np.r_[F32(-0.5), F32(-1e-20), np.zeros(14, F32)].astype(F32),
+             np.r_[F32(12), -F32(1.4e-45), F32(6e30), -F32(1e-30), np.zeros(12, F32)].astype(F32),  # underflow: -0, sign 0
+             np.r_[F32(1e38), -F32(1e-10), -F32(3e-8), np.ones(13, F32)].astype(F32)]
+    x = np.concatenate(edges + [np.zeros(32, F32)]).reshape(1, 1, 3, 64)
     cases.append(dict(name="sglang_fp4_e2m1_edges", spec=fmt, tensors=[tensor("layer_0_key", x, "F32")],
                       schemes={"layer_0_key": (fmt, 1.0)}))
     x = rng.standard_normal([1, 2, 3, 40]).astype(F32)
@@ -410,6 +412,7 @@ def _vllm_cases(rng) -> list[dict]:
         ("vllm_per_head_needs_4d", "vllm:int8_per_token_head", [64], "needs a 4-D"),
         ("vllm_fp8_nan", "vllm:fp8_e4m3", [8], "NaN or Inf cannot be quantized"),
         ("vllm_per_head_inf", "vllm:fp8_per_token_head", [1, 1, 2, 64], "NaN or Inf cannot be quantized"),
+        ("vllm_int4_odd_head_dim", "vllm:int4_per_token_head", [1, 2, 2, 5], "refuses head_dim 5"),
     ]
     for name, spec, shape, msg in errs:
         x = rng.standard_normal(shape).astype(F32)

@@ -74,7 +74,7 @@ def fp4_compress(x: np.ndarray) -> tuple[bytes, np.ndarray]:
     nibbles (element 2i low) then the scale byte e + 127; and the read (E2M1 value * 2**(sf-127))."""
     blocks = np.asarray(x, F32).reshape(-1, 16)
     e = fp4_exponent(np.max(np.abs(blocks), axis=1))
-    s = np.ldexp(blocks.astype(np.float64), -e[:, None])
+    s = np.ldexp(blocks.astype(np.float64), -e[:, None]).astype(F32)  # torch's float32 quotient: -0 on underflow
     codes = (s < 0).astype(np.uint8) << 3
     codes += np.sum(np.abs(s)[..., None] >= E2M1_BOUNDS, axis=-1).astype(np.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)

@@ -34,6 +34,11 @@ def test_calibrated_scales_are_amax_over_the_format_max(tiny_llama, cli):
         assert layer.key.scale == float(np.float32(np.float32(k) / np.float32(448)))
         assert layer.value.scale == float(np.float32(np.float32(v) / np.float32(57344)))
     assert resolve_codec(c.spec) == c and c.for_layer(0).layers == ()
+    # TensorRT-LLM keeps one scale per layer for K and V: the larger amax, for both roles
+    t = calibrated(resolve_codec("trtllm:int8"), amax)
+    for i, (k, v) in enumerate(amax):
+        layer = t.for_layer(i)
+        assert layer.key.scale == layer.value.scale == float(np.float32(np.float32(max(k, v)) / np.float32(127)))
 
 
 def test_a_sweep_validates_both_scale_sources_and_reuses_the_amax(tiny_dir, tmp_path, monkeypatch):

@@ -121,12 +121,14 @@ def quantize_int4(x: np.ndarray, dtype: str) -> tuple[bytes, np.ndarray]:
     with np.errstate(over="ignore", invalid="ignore"):
         y = round_to(_butterfly((rows * signs).astype(F32)), dtype).reshape(-1, d)
     with np.errstate(all="ignore"):  # a rotation past float32's range: Inf, NaN, codes 0 (kv-compress's rule)
-        lo, hi = y.min(axis=1), y.max(axis=1)
-        scale = np.maximum(((hi - lo) / F32(15)).astype(F32), F32(1e-6)).astype(F32)
+        lo, hi = np.nanmin(y, axis=1), np.nanmax(y, axis=1)  # tl.min / tl.max skip NaN
+        sc = ((hi - lo) / F32(15)).astype(F32)
+        scale = np.where(sc > F32(1e-6), sc, F32(1e-6)).astype(F32)
         zp = _half_away((-lo / scale).astype(F32))
         zp = np.where(np.isnan(zp), F32(0), np.clip(zp, 0, 15)).astype(F32)
         inv = (F32(1) / scale).astype(F32)
-        qf = _half_away(((y * inv[:, None]).astype(F32) + zp[:, None]).astype(F32))
+        # x * inv + zp as one fused rounding (Triton's default fp fusion): exact in float64, then float32
+        qf = _half_away((y.astype(np.float64) * inv[:, None].astype(np.float64) + zp[:, None]).astype(F32))
         q = np.where(np.isnan(qf), 0, np.clip(qf, 0, 15)).astype(np.uint8)
     packed = q[:, 0::2] | (q[:, 1::2] << 4)
     stored = (scale.view(np.uint32) & np.uint32(0xFFFFFFF0)) | zp.astype(np.uint32)

@@ -33,6 +33,13 @@ def format_max() -> dict[str, float]:
     return {row["name"]: float(row["scale_max"]) for row in engine_menu("all") if row.get("scale_max")}
 
 
+@functools.cache
+def shared_scale() -> frozenset[str]:
+    """The formats whose engine keeps one static scale per layer for K and V (TensorRT-LLM's
+    max(k_scale, v_scale)): kv-compress's schemes -engine all, shared_scale."""
+    return frozenset(row["name"] for row in engine_menu("all") if row.get("shared_scale"))
+
+
 def takes_scales(codec: CodecConfig) -> bool:
     """A codec whose key or value format has a static per-tensor scale, and no per-layer overrides yet."""
     tops = format_max()
@@ -57,11 +64,14 @@ def kv_amax(model: Any, ids: torch.Tensor, starts: list[int], length: int) -> li
 
 
 def calibrated(codec: CodecConfig, amax: list[tuple[float, float]]) -> CodecConfig:
-    """``codec`` with each layer's scale amax / format_max() (float32; a role of a format without a
-    static scale, or an all-zero layer, keeps its scheme)."""
+    """``codec`` with each layer's scale amax / format_max() (float32; of K and V together where the
+    engine shares one scale; a role of a format without a static scale, or an all-zero layer, keeps
+    its scheme)."""
     parts = [codec.spec]
     for layer, pair in enumerate(amax):
         for role, scheme, a in (("k", codec.key, pair[0]), ("v", codec.value, pair[1])):
+            if scheme.method in shared_scale():
+                a = max(pair)  # one scale for the layer's K and V
             top = format_max().get(scheme.method)
             if top is None or not a > 0:
                 continue

@@ -53,6 +53,10 @@ type engineFormat struct {
 	// scale maps a tensor's largest |x| to (amax / scaleMax).
 	scaled   bool
 	scaleMax float64
+	// kvScale: the engine keeps one scale per layer for K and V together
+	// (TensorRT-LLM's max(k_scale, v_scale)); a calibration gives both the
+	// larger one.
+	kvScale  bool
 	evidence string // "executed" or "read" (see evidenceOf)
 	flags    string // how a user picks it, when not the engine's flag with the name
 	source   string // where its arithmetic is, for kv-compress schemes
@@ -186,7 +190,7 @@ func (s Scheme) validateEngine(f *engineFormat) error {
 		return fmt.Errorf("%s is the engine's format as it ships: it takes no outliers, residual or sparsity", s.Method)
 	case s.Rotate && !f.rotates:
 		return fmt.Errorf("%s is never rotated by the engine (its rotation is for quantized cache types)", s.Method)
-	case f.scaled && !(s.Scale > 0 && s.Scale <= math.MaxFloat32):
+	case f.scaled && !(float32(s.Scale) > 0 && s.Scale <= math.MaxFloat32):
 		return fmt.Errorf("%s takes a positive finite float32 scale (/scaleS, default 1), got %g", s.Method, s.Scale)
 	case !f.scaled && s.Scale != 0:
 		return fmt.Errorf("%s computes its own scales: it takes no /scale", s.Method)
@@ -255,6 +259,10 @@ func engineRotation(s Scheme, r Role, shape []int, hd headDims) (*RotationInfo, 
 		return nil, nil
 	}
 	f := q.engine
+	if len(shape) == 4 && f.perHead && shape[3]*f.bits%8 != 0 {
+		return nil, fmt.Errorf("%s refuses head_dim %d: its %d-bit codes fill whole bytes per head vector "+
+			"(v1/attention/ops/int4_per_token_head.py:273 asserts head_size %% 2 == 0)", s.Method, shape[3], f.bits)
+	}
 	if len(shape) == 4 && f.elems > 1 && shape[3]%f.elems != 0 {
 		return nil, fmt.Errorf(f.engine.blockRule, f.name, shape[3], f.elems)
 	}
@@ -299,6 +307,8 @@ type EngineFormatInfo struct {
 	// ScaleMax, for a format with a static scale, is the largest value
 	// it holds: a calibrated scale is amax / ScaleMax.
 	ScaleMax float64 `json:"scale_max,omitempty"`
+	// SharedScale: one static scale per layer serves K and V alike.
+	SharedScale bool `json:"shared_scale,omitempty"`
 }
 
 // EngineNames lists the engines kv-compress knows.
@@ -325,7 +335,8 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 				flags = strings.ReplaceAll(e.flag, "%s", f.name)
 			}
 			info := EngineFormatInfo{SchemeInfo: SchemeReport("", s), Engine: e.name, Format: f.name, EngineVersion: e.version,
-				Flags: flags, Evidence: f.evidence, EvidenceDetail: e.detail(f), Source: f.source, ScaleMax: f.scaleMax}
+				Flags: flags, Evidence: f.evidence, EvidenceDetail: e.detail(f), Source: f.source, ScaleMax: f.scaleMax,
+				SharedScale: f.kvScale}
 			info.Rotation = "none: the engine never rotates this type"
 			switch {
 			case f.scaled:

@@ -9,19 +9,24 @@ import "math"
 // MHATokenToKVPoolFP4 (srt/mem_cache/memory_pool.py:1084-1225).
 //
 // Blocks of 16 consecutive elements of a token's [heads × head_dim] row
-// (view(b, m*n//16, 16), lines 43-45; kvlib keeps blocks within a head and
+// (view(b, m*n//16, 16), line 46; kvlib keeps blocks within a head and
 // refuses head_dim % 16 != 0, where SGLang's would straddle two heads).
 // One scale byte per block, sf = e + 127 with
 // e = ceil(log2(max(amax/6, 1e-10))) (lines 48-50): a power of two that
 // maps the block's max to at most 6, not OCP MXFP4's floor rule. Each
-// element scaled = x / 2^e gets sign bit (scaled < 0) << 3 and a
-// magnitude index counting the E2M1 bounds {0.25, 0.75, 1.25, 1.75, 2.5,
-// 3.5, 5} it reaches (lines 52-60): round to nearest with ties away from
+// element scaled = x / 2^e (float32) gets sign bit (scaled < 0) << 3 and
+// a magnitude index counting the E2M1 bounds {0.25, 0.75, 1.25, 1.75, 2.5,
+// 3.5, 5} it reaches (lines 54-64): round to nearest with ties away from
 // zero (1.25 → 1.5, 2.5 → 3, 5 → 6), beyond 5 saturated at 6; a negative
-// value that rounds to 0 keeps its sign (0x8). Element 2i in the low
-// nibble (line 64). The read: E2M1 value × 2^(sf-127) in float32, then
-// .to(bfloat16) whatever the model's dtype (lines 89-112): exact, as an
-// E2M1 value times a power of two is a bfloat16.
+// value that rounds to 0 keeps its sign (0x8) unless its quotient
+// underflowed to -0. Element 2i in the low nibble (line 68). The read:
+// E2M1 value × 2^(sf-127) in float32, then .to(bfloat16) whatever the
+// model's dtype (lines 89-112): exact for BF16 and F32 caches, as an E2M1
+// value times a power of two is a bfloat16; an F16 cache holds it rounded
+// to f16 (a value past 65504, or below f16's subnormals, differs from the
+// bf16 SGLang reads). With a checkpoint's KV scales SGLang first divides
+// the cache by them (srt/mem_cache/memory_pool.py, set_kv_buffer) and
+// never multiplies back; kvlib models the unscaled write.
 //
 // Numerics: SGLang compiles the quantizer (Inductor on CUDA, which turns
 // amax/6 into amax × float32(1/6) and keeps float32 through log2 and
@@ -58,8 +63,11 @@ func kvfp4Exponent(amax float32) int {
 }
 
 // kvfp4Code is one element's 4-bit code: x / 2^e compared with the bounds.
+// The quotient is rounded to float32 as torch's division rounds it: a tiny
+// negative value in a block of large ones underflows to -0, which is not
+// < 0 and gets sign bit 0 (SGLang's own code agrees, tests/test_sglang_formats.py).
 func kvfp4Code(x float32, e int) uint8 {
-	s := math.Ldexp(float64(x), -e) // exact: a float32 times a power of two, normal here
+	s := float64(float32(math.Ldexp(float64(x), -e))) // exact in float64, then one rounding
 	var c uint8
 	if s < 0 {
 		c = 8

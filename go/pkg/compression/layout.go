@@ -106,6 +106,9 @@ func newLayout(shape []int, s Scheme, dt safetensors.DType, rot int) (*layout, e
 			if !l.fourD {
 				return nil, fmt.Errorf("%s has one scale per token and head and needs a 4-D [batch, heads, tokens, head_dim] tensor, shape is %v", s.Method, shape)
 			}
+			if l.d == 0 {
+				return nil, fmt.Errorf("%s has one scale per token and head and needs head_dim > 0, shape is %v", s.Method, shape)
+			}
 			group, l.blockElems, l.blockBytes = l.d, l.d, f.headBytes(l.d)
 		}
 		if l.nq%l.blockElems != 0 {

@@ -4,7 +4,8 @@ import (
 	"math"
 )
 
-// The OCP Microscaling formats (OCP MX v1.0, section 6.3: "conversion"):
+// The OCP Microscaling formats (OCP MX v1.0; its conversion rule, the
+// section the research note could not pin, docs/research/tensorrt-llm-1.2.1-kv-formats.md 4):
 // blocks of 32 elements sharing one E8M0 scale X = 2^e,
 // e = floor(log2(amax)) - emax_elem (emax 8 for FP8 E4M3, 2 for FP4 E2M1),
 // clamped to [-127, 127] (an all-zero block takes -127), stored as the
@@ -27,10 +28,10 @@ var ocpMX = &engine{
 	},
 	formats: []*engineFormat{
 		{name: "mxfp8_e4m3", bits: 8, elems: mxBlock, bytes: mxBlock + 1, evidence: EvidenceRead,
-			source:   "OCP MX v1.0 section 5 (MXFP8 E4M3: emax 8, largest normal 448) and 6.3 (conversion)",
+			source:   "OCP MX v1.0: MXFP8 E4M3 (emax 8, largest normal 448) and the conversion rule",
 			quantize: mxQuantizer(mxFP8), dequantize: mxDequantizer(mxFP8)},
 		{name: "mxfp4", bits: 4, elems: mxBlock, bytes: mxBlock/2 + 1, evidence: EvidenceRead,
-			source:   "OCP MX v1.0 section 5 (MXFP4 E2M1: emax 2, largest normal 6) and 6.3 (conversion)",
+			source:   "OCP MX v1.0: MXFP4 E2M1 (emax 2, largest normal 6) and the conversion rule",
 			quantize: mxQuantizer(mxFP4), dequantize: mxDequantizer(mxFP4)},
 	},
 }
@@ -127,6 +128,9 @@ func mxDequantizer(el mxElement) func(src []byte, dst []float32) {
 			n = mxBlock / 2
 		}
 		scale := float32(math.Ldexp(1, int(src[n])-127))
+		if src[n] == 0xff { // E8M0's NaN (only hostile bytes carry it)
+			scale = float32(math.NaN())
+		}
 		for i := range dst[:mxBlock] {
 			var c uint8
 			if el.nibble {

@@ -20,8 +20,9 @@ import "math"
 // checkpoint's (TrtllmAttention: kv_cache_scaling_factor = ones(1)), so the
 // flag alone writes E4M3(x); the TensorRT engine takes one scale per
 // layer, max(k_scale, v_scale) of the checkpoint (layers/attention.py
-// Attention.postprocess), which /scaleS is (kvlib's calibrated scales are
-// per role). The read is the code times the scale (float32).
+// Attention.postprocess), which /scaleS is (kvlib's calibrated scales take
+// that maximum too: shared_scale). The read is the code times the scale
+// (float32).
 //
 // int8 (the TensorRT engine's QuantAlgo.INT8; the PyTorch backend refuses
 // it): y = float32(x) × float32(1/scale) in float32, not rounded to T, then
@@ -37,10 +38,10 @@ var trtllm = &engine{
 			"the codec bit for bit, its float8 cast checked against torch's; the kernels need CUDA and have not run here"
 	},
 	formats: []*engineFormat{
-		{name: "fp8", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, evidence: EvidenceRead,
+		{name: "fp8", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, kvScale: true, evidence: EvidenceRead,
 			source:    "kernels/unfusedAttentionKernels/unfusedAttentionKernels_2_template.h (applyBiasRopeUpdateKVCache[V2]); kernels/decoderMaskedMultiheadAttentionUtils.h (store_8bits_kv_cache_vec)",
 			encodeAll: encodeTRTFP8All, decodeAll: decodeFP8All(fp8E4M3)},
-		{name: "int8", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 127, evidence: EvidenceRead,
+		{name: "int8", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 127, kvScale: true, evidence: EvidenceRead,
 			flags:     "quant_config.kv_cache_quant_algo=INT8 (TensorRT engine backend)",
 			source:    "kernels/decoderMaskedMultiheadAttentionUtils.h (store_8bits_kv_cache_vec, int8_t: cvt.rni.sat.s8.f32); layers/attention.py (Attention.postprocess)",
 			encodeAll: encodeTRTInt8All, decodeAll: decodeTRTInt8All},

@@ -19,11 +19,13 @@ import (
 // dtype (:867-868); the signs are 2·bernoulli(0.5) - 1 under
 // torch.Generator().manual_seed(0x9E3779B9) (:1132-1143): -1 where bit 23
 // of the i-th MT19937 output is set (torch's CPU Bernoulli:
-// u = (x & 0xFFFFFF)·2^-24 < 0.5 gives 1). The Hadamard here is the
-// PyTorch butterfly in float32, the implementation vLLM runs without CUDA;
-// on NVIDIA GPUs hadacore computes it through bfloat16 instead (its
+// u = (x & 0xFFFFFF)·2^-24 < 0.5 gives 1). The Hadamard here is vLLM's
+// float32 butterfly (:1114-1122), exact up to float32 rounding; which one
+// a GPU runs (:1075-1112): hadacore on NVIDIA SM80+ and the Triton MMA
+// kernel for 16 <= d <= 128 elsewhere, both through bfloat16 (hadacore's
 // internal rounding was not read: docs/research/vllm-0.33.0-kv-formats.md
-// 2b), which can move the rotated values by a bf16 step.
+// 2b), and this butterfly only for d < 16 or d > 128 without hadacore: on
+// the usual GPU the rotated values can differ from these by a bf16 step.
 //
 // Then the Triton kernel _reshape_cache_int4_kernel (:64-255), per token
 // and head on the rotated values widened to float32: scale =
@@ -31,13 +33,15 @@ import (
 // scale), 0, 15), q = clamp(round_half_away(x·(1/scale) + zp), 0, 15);
 // element 2j in the low nibble; the scale stored as float32 with zp in its
 // low four mantissa bits ((bits &^ 0xF) | zp, :158-162). The read (:549-554)
-// takes zp from those bits and the truncated scale: (q - zp)·scale, in the
-// rotated basis; attention rotates the query the same way and its output
-// back (:917-951), so the cache it reads is, in the model's basis, the
-// inverse transform of that: signs ⊙ H(x̂)/block, which kv-compress
-// restores (float32). Not modelled: the query's rotation rounded to the
-// model's dtype. Divisions are IEEE here, div.full.f32 on the GPU (within
-// 2 ulp), and the GPU may fuse x·inv + zp into one rounding.
+// takes zp from those bits and the truncated scale and folds them into its
+// dot products (:573-574, 606-609), in the rotated basis; attention rotates
+// the query the same way and its output back (:917-951). kv-compress
+// restores the equivalent cache in the model's basis, its own form of
+// that arithmetic: x̂ = (q - zp)·scale, then signs ⊙ H(x̂)/block (float32).
+// Not modelled: the query's rotation rounded to the model's dtype.
+// Divisions are IEEE here, div.full.f32 on the GPU (within 2 ulp); the
+// code's x·inv + zp is one fused rounding, as Triton compiles it by
+// default. An odd head_dim is refused, as vLLM asserts (:273).
 var vllmInt4 = &engineFormat{name: "int4_per_token_head", bits: 4, perHead: true, evidence: EvidenceRead,
 	source:     "v1/attention/ops/int4_per_token_head.py:64-255 (_reshape_cache_int4_kernel), 856-879 (reshape_and_cache_int4), 1075-1167 (the RHT)",
 	quantizeDT: vllmInt4Quantize, dequantize: vllmInt4Dequantize}
@@ -132,14 +136,24 @@ func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 		v = round(v)
 		y[i] = v
 		nonFinite = nonFinite || math.IsNaN(float64(x[i])) || math.IsInf(float64(x[i]), 0)
-		lo, hi = min(lo, v), max(hi, v)
+		if v < lo { // tl.min and tl.max skip a NaN, as these comparisons do
+			lo = v
+		}
+		if v > hi {
+			hi = v
+		}
 	}
-	scale := max((hi-lo)/15, 1e-6)
+	scale := (hi - lo) / 15
+	if !(scale > 1e-6) { // tl.maximum(., 1e-6)
+		scale = 1e-6
+	}
 	zp := clampNibble(roundHalfAway(-lo / scale))
 	inv := 1 / scale
 	codes := dst[:d/2]
 	for i, v := range y {
-		q := uint8(clampNibble(roundHalfAway(float32(v*inv) + zp)))
+		// k * inv_k + k_zp_f (:137-138): one use of the product, and Triton fuses by default
+		// (enable_fp_fusion): one rounding, as the GPU most likely computes it
+		q := uint8(clampNibble(roundHalfAway(float32(math.FMA(float64(v), float64(inv), float64(zp))))))
 		if i&1 == 0 {
 			codes[i/2] = q
 		} else {
