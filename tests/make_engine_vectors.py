@@ -78,6 +78,15 @@ def role_of(name: str) -> str:
     return "key" if name.endswith("_key") else "value"
 
 
+def grid_case(rng, engine: str, fmt: str, dtype: str, hd: int, scale: float = 1.0) -> dict:
+    """One case of the grid every engine format gets: keys and values of a [1, 2, 2, hd] cache (one
+    token for head_dim 256) in the source dtype, through ENGINE:FMT (with /scaleS when not 1)."""
+    ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+    spec = f"{engine}:{fmt}" + ("" if scale == 1 else f"/scale{scale}")
+    return dict(name=f"{engine}_{fmt}_{dtype.lower()}_hd{hd}", spec=spec, tensors=ts,
+                schemes={t["name"]: (f"{engine}:{fmt}", scale) for t in ts})
+
+
 def run_case(c: dict) -> dict:
     """Compress every tensor of a case as kv-compress does: the scheme of its slot, the engine's
     rotation for it, blocks of 32 in row-major order, and the restored bytes."""
@@ -229,9 +238,7 @@ def _sglang_cases(rng) -> list[dict]:
     for fmt in sr.FP8_FORMATS:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
-                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
-                cases.append(dict(name=f"sglang_{fmt}_{dtype.lower()}_hd{hd}", spec=f"sglang:{fmt}", tensors=ts,
-                                  schemes={t["name"]: (f"sglang:{fmt}", 1.0) for t in ts}))
+                cases.append(grid_case(rng, "sglang", fmt, dtype, hd))
             x = kv(rng, [1, 2, 3, 64], "key") * F32(30)
             ts = [tensor("layer_0_key", x, dtype)]
             cases.append(dict(name=f"sglang_{fmt}_{dtype.lower()}_scale", spec=f"sglang:{fmt}/scale0.37", tensors=ts,
@@ -251,9 +258,7 @@ def _sglang_fp4_cases(rng) -> list[dict]:
     fmt, cases = "sglang:fp4_e2m1", []
     for dtype in ("F32", "F16", "BF16"):
         for hd in (64, 128, 256):
-            ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
-            cases.append(dict(name=f"sglang_fp4_e2m1_{dtype.lower()}_hd{hd}", spec=fmt, tensors=ts,
-                              schemes={t["name"]: (fmt, 1.0) for t in ts}))
+            cases.append(grid_case(rng, "sglang", "fp4_e2m1", dtype, hd))
     ties = np.array([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -1.25, -2.5, -5, -0.1, 0.2499, 4.99, -0.0], F32)
     edges = [ties, ties * F32(2.0 ** -7), ties * F32(2.0 ** 9),
              np.r_[F32(48.25), np.linspace(-40, 40, 15, dtype=F32)].astype(F32),  # just past 6 * 2**3
@@ -285,11 +290,7 @@ def _trtllm_cases(rng) -> list[dict]:
     for fmt in tr.FORMATS:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
-                scale = 1.0 if fmt == "fp8" else 0.05
-                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
-                spec = f"trtllm:{fmt}" + ("" if scale == 1 else f"/scale{scale}")
-                cases.append(dict(name=f"trtllm_{fmt}_{dtype.lower()}_hd{hd}", spec=spec, tensors=ts,
-                                  schemes={t["name"]: (f"trtllm:{fmt}", scale) for t in ts}))
+                cases.append(grid_case(rng, "trtllm", fmt, dtype, hd, 1.0 if fmt == "fp8" else 0.05))
             x = kv(rng, [1, 2, 3, 64], "key") * F32(30)
             cases.append(dict(name=f"trtllm_{fmt}_{dtype.lower()}_scale", spec=f"trtllm:{fmt}/scale0.37",
                               tensors=[tensor("layer_0_key", x, dtype)], schemes={"layer_0_key": (f"trtllm:{fmt}", 0.37)}))
@@ -309,9 +310,7 @@ def _mx_cases(rng) -> list[dict]:
     for fmt in mr.FORMATS:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
-                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
-                cases.append(dict(name=f"ocp_{fmt}_{dtype.lower()}_hd{hd}", spec=f"ocp:{fmt}", tensors=ts,
-                                  schemes={t["name"]: (f"ocp:{fmt}", 1.0) for t in ts}))
+                cases.append(grid_case(rng, "ocp", fmt, dtype, hd))
         ties = np.r_[F32([7.9, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -5, -0.1, 6, 7, 4.5, 0.0625, 0.09375, 0.03125]),
                      np.linspace(-2, 2, 16, dtype=F32)].astype(F32)
         edge = np.r_[ties, ties * F32(2.0 ** 20), np.zeros(32, F32), np.nextafter(F32(512), F32(0)), np.ones(31, F32),
@@ -334,9 +333,7 @@ def _exllama_cases(rng) -> list[dict]:
     for fmt in xr.FORMATS:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
-                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
-                cases.append(dict(name=f"exllamav2_{fmt}_{dtype.lower()}_hd{hd}", spec=f"exllamav2:{fmt}", tensors=ts,
-                                  schemes={t["name"]: (f"exllamav2:{fmt}", 1.0) for t in ts}))
+                cases.append(grid_case(rng, "exllamav2", fmt, dtype, hd))
     ts = [tensor(f"layer_0_{r}", kv(rng, [1, 3, 4, 64], r), "BF16") for r in ("key", "value")]
     cases.append(dict(name="exllamav2_q6", spec="k=exllamav2:q8,v=exllamav2:q4", tensors=ts,  # what exllamav2:q6 names
                       schemes={"layer_0_key": ("exllamav2:q8", 1.0), "layer_0_value": ("exllamav2:q4", 1.0)}))
@@ -351,9 +348,7 @@ def _exllama_cases(rng) -> list[dict]:
     for bits in xr.V3_BITS:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
-                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
-                cases.append(dict(name=f"exllamav3_{bits}_{dtype.lower()}_hd{hd}", spec=f"exllamav3:{bits}", tensors=ts,
-                                  schemes={t["name"]: (f"exllamav3:{bits}", 1.0) for t in ts}))
+                cases.append(grid_case(rng, "exllamav3", bits, dtype, hd))
         cases.append(dict(name=f"exllamav3_{bits}_edges", spec=f"exllamav3:{bits}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
                           schemes={"layer_0_key": (f"exllamav3:{bits}", 1.0)}))
     ts = [tensor(f"layer_0_{r}", kv(rng, [1, 3, 4, 64], r), "BF16") for r in ("key", "value")]
