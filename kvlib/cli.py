@@ -22,15 +22,17 @@ from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
-from kvlib.runs.sweep import default_schemes, engine_schemes, run_sweep
+from kvlib.runs.sweep import default_schemes, engine_schemes, run_sweep, write_json
+from kvlib.runs.ruler import print_ruler, run_ruler_suite
+from kvlib.checks.ruler.run import ALL_TASKS, RulerConfig
 from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
 
 
-_R, _A = RetrievalConfig(), AgreementConfig()  # the defaults the help text states
+_R, _A, _U = RetrievalConfig(), AgreementConfig(), RulerConfig()  # the defaults the help text states
 
 
 def _csv(xs: tuple) -> str:
-    return ",".join(f"{x:g}" for x in xs)
+    return ",".join(x if isinstance(x, str) else f"{x:g}" for x in xs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--generation-prompts", type=int, metavar="N", help=f"prompts (default {_A.prompts}; implies --generation)")
     r.add_argument("--generation-context", type=int, metavar="N", help=f"context tokens per prompt (default {_A.context_tokens})")
     r.add_argument("--generation-tokens", type=int, metavar="N", help=f"tokens generated per prompt (default {_A.new_tokens})")
+    u = p.add_argument_group("long context (RULER)", "RULER's synthetic tasks from a compressed or evicted cache")
+    u.add_argument("--ruler", action="store_true", default=None, help="run the RULER-style suite on the schemes (and "
+                   "the eviction peers at each scheme's bytes) instead of perplexity")
+    u.add_argument("--ruler-lengths", metavar="N,N", help=f"prompt lengths in tokens (default {_csv(_U.lengths)}; "
+                   "capped at the model's context; implies --ruler)")
+    u.add_argument("--ruler-tasks", metavar="T,T", help=f"tasks, or 'all' (default {_csv(_U.tasks)}; all: "
+                   f"{_csv(ALL_TASKS)})")
+    u.add_argument("--ruler-samples", type=int, metavar="N", help=f"samples per task and length (default {_U.samples})")
+    u.add_argument("--ruler-presses", metavar="P,P", help=f"eviction presses at each scheme's bytes, or 'none' "
+                   f"(default {_csv(_U.presses)})")
+    u.add_argument("--ruler-haystack", metavar="CORPUS", help="the text haystack's corpus (default: --corpus)")
     return p
+
+
+def ruler_config(args: argparse.Namespace) -> RulerConfig | None:
+    """The RULER suite the flags ask for, None when none (ValueError names a bad setting)."""
+    given = (args.ruler_lengths, args.ruler_tasks, args.ruler_samples, args.ruler_presses, args.ruler_haystack)
+    if not (args.ruler or (args.ruler is None and any(x is not None for x in given))):
+        return None
+    return RulerConfig.parse(args.ruler_tasks, args.ruler_lengths, args.ruler_samples, args.ruler_presses,
+                             args.ruler_haystack or args.corpus)
 
 
 def decoding_checks(args: argparse.Namespace) -> DecodingChecks:
@@ -140,6 +162,18 @@ def main(argv: list[str] | None = None) -> int:
                                 lossless=args.lossless) for x in specs or [None]]
         codec = codecs[0]
         checks = decoding_checks(args)
+        ruler = ruler_config(args)
+        if ruler is not None:
+            if args.quick_test:
+                raise ValueError("--ruler needs a model: it does not run with --quick-test")
+            if args.json:
+                check_output_path(args.json)
+            r = run_ruler_suite(codecs, ruler, model=args.model, device="cpu" if args.cpu else None, dtype=args.dtype,
+                                results=args.results, fresh=args.fresh, verbose=not args.quiet)
+            print_ruler(r)
+            if args.json:
+                write_json(r.to_dict(), args.json)
+            return 0
         if args.quick_test and (checks.retrieval or checks.agreement):
             raise ValueError("--retrieval and --generation need a model: they do not run with --quick-test")
         if args.json:

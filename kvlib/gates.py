@@ -33,3 +33,13 @@ def verdict(delta: float, threshold: float = PPL_DELTA_THRESHOLD) -> bool:
 def robust(ci_high: float, threshold: float = PPL_DELTA_THRESHOLD) -> bool:
     """Passes with confidence: the CI's upper bound is below the threshold too (never without a CI)."""
     return ci_high < threshold  # False for NaN: too few windows for a CI
+
+
+# RULER (kvlib.checks.ruler): a scheme's score on a task and length is compared only where the
+# exact cache can do the task; below this accuracy (percent) the cell is a floor, shown as such.
+RULER_EXACT_FLOOR = 50.0
+
+
+def ruler_qualifies(exact_accuracy: float, floor: float = RULER_EXACT_FLOOR) -> bool:
+    """Whether the exact cache does a task well enough at a length for schemes to be compared there."""
+    return exact_accuracy >= floor

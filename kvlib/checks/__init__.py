@@ -1,4 +1,5 @@
-"""The checks room: decoding checks beyond perplexity (pass-key retrieval, generation agreement)."""
+"""The checks room: decoding checks beyond perplexity (pass-key retrieval, generation agreement) and
+the RULER-style long-context suite (``kvlib.checks.ruler``)."""
 
 from kvlib._lazy import lazy_exports, table_of
 

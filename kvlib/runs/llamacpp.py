@@ -163,6 +163,8 @@ class Comparison:
     diff_ci: tuple[float, float]
     engine_ppl: float
     kvlib_ppl: float
+    engine_nll: list[float] = field(default_factory=list)  # each chunk's summed NLL, for per-chunk study
+    kvlib_nll: list[float] = field(default_factory=list)
 
     @property
     def agrees(self) -> bool:
@@ -181,6 +183,8 @@ class SideBySide:
     chunks: int
     engine_base_ppl: float
     kvlib_base_ppl: float
+    engine_base_nll: list[float] = field(default_factory=list)
+    kvlib_base_nll: list[float] = field(default_factory=list)
     rows: list[Comparison] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -241,11 +245,11 @@ def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int 
         say("kvlib write mode on the same chunks...")
         ours = run_kvlib(model, ids, n_ctx, chunks, settings, gguf_architecture(gguf), Path(tmp))
     result = SideBySide(str(gguf.name), str(text), n_ctx, chunks, engine[base].perplexity, ours[base].perplexity,
-                        seconds={"llama.cpp_s": t1 - t0, "kvlib_s": time.perf_counter() - t1})
+                        engine[base].nll, ours[base].nll, seconds={"llama.cpp_s": t1 - t0, "kvlib_s": time.perf_counter() - t1})
     for s in settings[1:]:
         result.rows.append(Comparison(s, kvlib_spec(s), delta(engine[s], engine[base]), delta(ours[s], ours[base]),
                                       paired_ci(engine[s], engine[base], ours[s], ours[base]),
-                                      engine[s].perplexity, ours[s].perplexity))
+                                      engine[s].perplexity, ours[s].perplexity, engine[s].nll, ours[s].nll))
     return result
 
 

@@ -8,10 +8,13 @@ the same batch, so their tokens differ only because their caches do.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 from typing import Any, Iterable, Sequence
 
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvlib.cache.layout import cache_layers
 from kvlib.cache.layout import layout_of, make_cache, new_cache
@@ -78,3 +81,63 @@ def greedy_continue(model: Any, cache: Any, input_ids: torch.Tensor, new_tokens:
         x = logits[:, -1].argmax(-1, keepdim=True)
         out.append(x)
     return torch.cat(out, dim=1).cpu()
+
+
+# Queries of the last tokens of a prefill, per layer (set around one observed forward).
+_OBSERVED: contextvars.ContextVar[Any] = contextvars.ContextVar("kvlib_observed_queries", default=None)
+OBSERVE = "kvlib_observe"
+
+
+def _observe(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+             **kw: Any) -> Any:
+    """SDPA, keeping the last ``window`` queries (after RoPE, as attention reads them)."""
+    seen = _OBSERVED.get()
+    if seen is not None:
+        window, out = seen
+        out[module.layer_idx] = query[:, :, -window:].detach().clone()
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+
+
+AttentionInterface.register(OBSERVE, _observe)
+
+
+@torch.no_grad()
+def prefill_observed(model: Any, ids: Sequence[int], window: int) -> tuple[Any, list[torch.Tensor]]:
+    """The KV cache of one sequence and each layer's last ``window`` queries ([1, H_q, window, D],
+    after RoPE): what SnapKV-style presses score the context with (kvpress's observation window)."""
+    config, queries = model.config, {}
+    before, token = config._attn_implementation, _OBSERVED.set((window, queries))
+    config._attn_implementation = OBSERVE
+    try:
+        cache = prefill(model, ids)
+    finally:
+        config._attn_implementation = before
+        _OBSERVED.reset(token)
+    return cache, [queries[i] for i in sorted(queries)]
+
+
+@torch.no_grad()
+def greedy_answers(model: Any, cache: Any, question: Sequence[int], new_tokens: int, position: int,
+                   stop: Sequence[int] = (), finished: Any = None) -> list[list[int]]:
+    """Greedy tokens of every row of ``cache`` after ``question`` fed at positions ``position``,
+    ``position + 1``, ... (the context's length, also when an eviction left fewer tokens in
+    ``cache``): at most ``new_tokens`` a row, a row ending at its first token of ``stop`` (kvpress's
+    ``generate_answer``) or as soon as ``finished(tokens)`` says more tokens cannot change what is
+    read from them. The rows decode as one batch until every row has ended."""
+    dev = model_device(model)
+    rows = cache_layers(cache)[0][0].shape[0]
+    x = torch.tensor([list(question)] * rows, device=dev)
+    pos = torch.arange(position, position + x.shape[1], device=dev)[None].expand(rows, -1)
+    out: list[list[int]] = [[] for _ in range(rows)]
+    live = [True] * rows
+    for _ in range(new_tokens):
+        logits = model(input_ids=x, past_key_values=cache, position_ids=pos, use_cache=True, logits_to_keep=1).logits
+        nxt = logits[:, -1].argmax(-1)
+        for r, t in enumerate(nxt.tolist()):
+            if live[r]:
+                out[r].append(t)
+                live[r] = t not in stop and not (finished is not None and finished(out[r]))
+        if not any(live):
+            break
+        x, pos = nxt[:, None], pos[:, -1:] + 1
+    return out

@@ -1,0 +1,230 @@
+"""The RULER-style suite: prompts fit their length and hold their answers as RULER's templates put
+them, samples are functions of their seed, scoring is RULER's, and the protocol answers from the
+exact, a codec's and a press's cache with units kept in the store."""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+
+import pytest
+import torch
+
+from kvlib.checks.ruler import score as S
+from kvlib.checks.ruler.run import EXACT, RulerConfig, run_ruler, stop_tokens
+from kvlib.checks.ruler.tasks import TASKS, Environment, sample_seed, singular
+from kvlib.checks.ruler.words import DEPTHS, NOISE, common_words, key_words, sentences
+from kvlib.cache.layout import cache_layers, make_cache
+from kvlib.scoring.generate import greedy_answers, prefill, prefill_observed, stack_caches
+from kvlib.scoring.store import ResultsStore
+from kvlib.scoring.units import CheckUnits
+
+SYNTHETIC = [t for t in TASKS if not t.startswith("qa_")]
+TEXT = " ".join(f"Sentence number {i} tells of the river and the old mill . It was built in {1800 + i} ."
+                for i in range(3000))
+ENV = Environment(TEXT, "test prose")
+
+
+@pytest.fixture(scope="module")
+def tok(embedded):
+    return embedded[1]
+
+
+def test_word_lists_are_wonderwords_2_2_0():
+    adjs, nouns = key_words()
+    assert (len(adjs), len(nouns), len(common_words())) == (910, 6786, 8169)  # RULER's counts
+    assert DEPTHS[:5] == (0, 3, 5, 8, 10) and DEPTHS[-1] == 100 and len(DEPTHS) == 40
+
+
+@pytest.mark.parametrize("task", SYNTHETIC)
+def test_every_task_fills_its_length_and_holds_its_answers(tok, task):
+    t = TASKS[task]
+    s = t.sample(tok, 2048, 42, 0, ENV)
+    used = s.tokens + s.max_new_tokens
+    assert 0.9 * 2048 <= used <= 2048, used
+    context = tok.decode(s.context)
+    assert s.references and all(isinstance(r, str) and r for r in s.references)
+    if t.family in ("niah", "variable_tracking", "common_words_extraction", "freq_words_extraction"):
+        for r in s.references:  # every answer is in the context, not in the question
+            assert r in context, r
+    assert s.max_new_tokens == {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120,
+                                "freq_words_extraction": 50}[t.family]
+
+
+def test_samples_are_functions_of_their_seed(tok):
+    t = TASKS["niah_multikey_2"]
+    a, b = t.sample(tok, 1024, 42, 3, ENV), t.sample(tok, 1024, 42, 3, ENV)
+    assert a == b
+    assert t.sample(tok, 1024, 42, 4, ENV).references != a.references
+    assert t.sample(tok, 1024, 7, 3, ENV).references != a.references
+    assert sample_seed(42, "vt", 4096, 0) != sample_seed(42, "vt", 4096, 1)
+
+
+def test_niah_single_reads_as_rulers_singular_prompt(tok):
+    s = TASKS["niah_single_1"].sample(tok, 1024, 42, 0, ENV)
+    text = tok.decode(s.context) + tok.decode(s.question)
+    assert "A special magic number is hidden within the following text." in text
+    key = re.search(r"One of the special magic numbers for (\S+) is: (\d{7})\.", text)
+    assert key and key.group(2) == s.references[0]  # the needle keeps RULER's plural
+    assert text.endswith(f" The special magic number for {key.group(1)} mentioned in the provided text is")
+    assert f"What is the special magic number for {key.group(1)} mentioned in the provided text?" in text
+    assert text.count(NOISE) > 10
+    assert singular("What are all the special magic answers") == "What is the special magic answer"
+
+
+def test_multiquery_asks_four_keys_and_multivalue_four_values(tok):
+    q = TASKS["niah_multiquery"].sample(tok, 2048, 42, 0, ENV)
+    question = tok.decode(q.question)
+    assert len(q.references) == 4 and question.count(", ") >= 3 and ", and " in question
+    assert "What are all the special magic numbers for" in question
+    v = TASKS["niah_multivalue"].sample(tok, 2048, 42, 0, ENV)
+    assert len(v.references) == 4 and len(set(v.references)) == 4
+
+
+def test_essay_needles_sit_between_sentences(tok):
+    s = TASKS["niah_multikey_1"].sample(tok, 2048, 42, 1, ENV)
+    text = tok.decode(s.context)
+    needles = re.findall(r"One of the special magic numbers for \S+ is: \d{7}\.", text)
+    assert len(needles) == 4
+    for n in needles:  # each needle follows a sentence end (or opens the haystack)
+        before = text[:text.index(n)].rstrip()
+        assert before.endswith((".", "text.")) or before.endswith("following text.")
+
+
+def test_cwe_and_fwe_answers_are_the_frequent_words(tok):
+    s = TASKS["cwe"].sample(tok, 4096, 42, 0, ENV)
+    body = tok.decode(s.context).rsplit("Memorize the ones that appear most often.\n", 1)[1]
+    counts = collections.Counter(re.findall(r"\d+\. (\S+(?: \S+)?)", body))
+    assert all(body.count(f". {w} ") + body.endswith(f". {w}") >= 25 for w in s.references)
+    f = TASKS["fwe"].sample(tok, 4096, 42, 0, ENV)
+    words = collections.Counter(tok.decode(f.context).split())
+    ranked = [w for w, _ in words.most_common(5) if re.fullmatch(r"[a-z]{6}", w)]
+    assert list(f.references) == ranked[:3]
+    assert counts  # the numbered list parsed
+
+
+def test_vt_chain_is_in_order_and_the_one_shot_comes_first(tok):
+    s = TASKS["vt"].sample(tok, 2048, 42, 0, ENV)
+    text = tok.decode(s.context)
+    value = re.search(r"assigned the value (\d{5}) in the text above\.", tok.decode(s.question)).group(1)
+    names = list(s.references)
+    assert f"VAR {names[0]} = {value}" in text
+    for a, b in zip(names, names[1:]):
+        assert text.index(f"VAR {b} = VAR {a} ") > text.index(f"VAR {a} ")
+    assert text.index("Answer: According to the chain(s)") < text.rindex("Memorize and track")  # one-shot first
+    assert len(names) == 5 and all(len(n) == 5 for n in names)
+
+
+def test_too_short_a_length_says_so(tok):
+    with pytest.raises(ValueError, match="length 300 is too short"):
+        TASKS["cwe"].sample(tok, 300, 42, 0, ENV)
+
+
+def test_qa_is_skipped_with_one_line_when_its_dataset_cannot_load(monkeypatch):
+    import socket
+
+    def refuse(*a, **k):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    why = TASKS["qa_1"].unavailable(ENV)
+    assert why.startswith("qa_1 (squad) skipped: its dataset needs the Hub") and "\n" not in why
+
+
+def test_scoring_is_rulers():
+    assert S.string_match_all("The keys: 1234 and ABC", ["1234", "abc", "zz"]) == pytest.approx(2 / 3)
+    assert S.string_match_part("Paris, France", ["London", "paris"]) == 1.0
+    assert S.score("string_match_all", "  x\x07 123 \n", ["123"]) == 1.0
+    assert S.postprocess(" a\tb\x00c ") == "a\nb\nc"
+    mean, lo, hi = S.accuracy([1, 0, 1, 1])
+    assert mean == 75.0 and 0 <= lo <= mean <= hi <= 100
+    assert math.isnan(S.accuracy([1])[1])
+    avg, lo, hi = S.average([[1, 1, 1, 1], [0, 0, 0, 0]])
+    assert avg == 50.0 and lo == hi == 50.0  # constant tasks: nothing to resample
+
+
+def test_config_parses_and_names_what_is_wrong():
+    c = RulerConfig.parse("vt,cwe", "4096,8192", 5, "knorm", "embedded")
+    assert (c.tasks, c.lengths, c.samples, c.presses) == (("vt", "cwe"), (4096, 8192), 5, ("knorm",))
+    assert RulerConfig.parse(tasks="all").tasks == tuple(TASKS)
+    assert RulerConfig.parse(presses="none").presses == ()
+    with pytest.raises(ValueError, match="RULER tasks niah_9"):
+        RulerConfig.parse("niah_9")
+    with pytest.raises(ValueError, match="RULER lengths"):
+        RulerConfig.parse(lengths="4k")
+    with pytest.raises(ValueError, match="RULER presses h2o"):
+        RulerConfig.parse(presses="h2o")
+    assert hash(c) == hash(RulerConfig.parse("vt,cwe", "4096,8192", 5, "knorm", "embedded"))
+
+
+def test_observed_queries_are_the_attentions_own(embedded):
+    lm, tok = embedded
+    ids = tok("The quick brown fox jumps over the lazy dog. " * 8).input_ids
+    cache, queries = prefill_observed(lm, ids, 8)
+    plain = prefill(lm, ids)
+    for (k1, v1), (k2, v2) in zip(cache_layers(cache), cache_layers(plain)):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert len(queries) == lm.config.num_hidden_layers
+    assert queries[0].shape == (1, lm.config.num_attention_heads, 8, lm.config.head_dim)
+
+
+def test_answers_continue_at_the_contexts_positions(embedded):
+    """An evicted cache decodes with the original positions: keeping every token answers as the
+    exact cache does; the batch of two rows answers as each alone."""
+    from kvlib.transforms.evict import make_press
+
+    lm, tok = embedded
+    ids = tok("Remember: the code is 4417. " + "The sky is blue. " * 40).input_ids
+    q = tok(" What is the code? The code is", add_special_tokens=False).input_ids
+    cache = prefill(lm, ids)
+    exact = greedy_answers(lm, stack_caches([cache], 1), q, 6, len(ids))
+    kept, _ = make_press("knorm", 0.0)(cache)  # ratio 0: every token, in order
+    assert greedy_answers(lm, kept.cache, q, 6, kept.seen) == exact
+    two = greedy_answers(lm, stack_caches([cache, cache], 2), q, 6, len(ids))
+    assert two == exact * 2
+    assert greedy_answers(lm, stack_caches([cache], 1), q, 6, len(ids), finished=lambda t: True) == [exact[0][:1]]
+
+
+def identity(cache):
+    return stack_caches([cache], 1), None
+
+
+def zeroed(cache):
+    return make_cache([(torch.zeros_like(k), torch.zeros_like(v)) for k, v in cache_layers(cache)]), None
+
+
+def test_protocol_scores_exact_codecs_and_presses_and_reuses_units(embedded, tmp_path):
+    lm, tok = embedded
+    cfg = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=2, presses=("streaming_llm",))
+    store = ResultsStore.open(tmp_path / "store")
+    from kvlib.scoring.provenance import RunIdentity
+
+    ident = RunIdentity(model="m", dtype="float32", device="cpu", tokenizer="t", tokens="c", code="x", versions="v",
+                        context_length=0, stride=0)
+    units = CheckUnits(store, ident, "ruler")
+    r = run_ruler(lm, tok, [], tmp_path, cfg, TEXT, transforms={"same": identity, "zeroed": zeroed}, units=units)
+    assert list(r.answers) == [EXACT, "same", "zeroed"]  # no codec given: no press at its bytes
+    assert [a.score for a in r.answers["same"]] == [a.score for a in r.answers[EXACT]]
+    assert r.cell(EXACT, "niah_single_1", 512)[0] == 100.0  # the embedded model finds the number at 512
+    assert r.cell("zeroed", "niah_single_1", 512)[0] == 0.0
+    assert r.qualifies("niah_single_1", 512)
+    assert stop_tokens(lm.config, tok)
+    # Again: every unit comes from the store, nothing is decoded.
+    import kvlib.checks.ruler.run as run_mod
+
+    def no_prefill(*a, **k):
+        raise AssertionError("prefilled although every unit is stored")
+
+    orig, run_mod.prefill_observed = run_mod.prefill_observed, no_prefill
+    try:
+        again = run_ruler(lm, tok, [], tmp_path, cfg, TEXT, transforms={"same": identity, "zeroed": zeroed},
+                          units=units)
+    finally:
+        run_mod.prefill_observed = orig
+    assert [a.answer for a in again.answers[EXACT]] == [a.answer for a in r.answers[EXACT]]
+
+
+def test_sentences_split_at_ends_before_capitals():
+    assert sentences("It was built . Then it fell ! \"Why?\" he asked") == ["It was built .", "Then it fell !",
+                                                                           "\"Why?\" he asked"]
