@@ -65,7 +65,7 @@ BUILD       := build
 RUN_ENV     := $(if $(RESULTS),KVLIB_RESULTS=$(abspath $(RESULTS))) $(if $(FRESH),KVLIB_FRESH=1) $(if $(RAY),KVLIB_RAY=1)
 PAPERMILL   := $(RUN_ENV) TQDM_DISABLE=1 $(PY) -m papermill
 
-.PHONY: setup build-compress test test-go test-py test-notebooks test-docs docs report sweep zoo lab bench bench-gpu peer-llamacpp clean lock
+.PHONY: setup build-compress test test-go test-py test-notebooks test-docs docs report sweep zoo lab bench bench-gpu peer-llamacpp ruler peer-kvpress clean lock
 
 setup: $(STAMP) $(CLI)
 
@@ -194,6 +194,30 @@ peer-llamacpp: setup
 	mkdir -p $(REPORTS)
 	$(PY) -m kvlib.runs.llamacpp --model $(MODEL) --corpus $(if $(filter embedded,$(CORPUS)),wikitext-2-valid,$(CORPUS)) \
 	  --types $(LLAMACPP_TYPES) --rotation $(LLAMACPP_ROTATION) --chunks $(LLAMACPP_CHUNKS) --json $(REPORTS)/llamacpp.json
+
+# RULER's synthetic tasks at the lengths users serve, from the exact cache, each scheme's and each eviction
+# press's at that scheme's bytes (docs/ruler.md): reports/ruler.json. Units are kept in the results store, so
+# a killed run resumes and a larger grid reuses what a smaller one computed.
+RULER_SCHEMES ?= int4
+RULER_TASKS   ?= niah_single_1,niah_single_2,niah_multikey_1,vt,fwe
+RULER_LENGTHS ?= 4096
+RULER_SAMPLES ?= 25
+RULER_PRESSES ?= streaming_llm,knorm,snapkv
+ruler: setup
+	mkdir -p $(REPORTS)
+	$(RUN_ENV) $(PY) -m kvlib.cli --ruler --model $(MODEL) --corpus $(CORPUS) --schemes "$(RULER_SCHEMES)" \
+	  --ruler-tasks $(RULER_TASKS) --ruler-lengths $(RULER_LENGTHS) --ruler-samples $(RULER_SAMPLES) \
+	  --ruler-presses $(RULER_PRESSES) --json $(REPORTS)/ruler.json
+
+# kvlib's eviction presses beside NVIDIA kvpress 0.5.5's own on the same token ids; kvpress needs
+# transformers < 5.3, so it runs in a side venv under build/ (peers/requirements-kvpress.txt; not in setup).
+KVPRESS_VENV := $(BUILD)/kvpress-venv
+peer-kvpress: setup
+	test -x $(KVPRESS_VENV)/bin/python || ($(PYTHON) -m venv $(KVPRESS_VENV) && \
+	  $(KVPRESS_VENV)/bin/pip install --quiet -r peers/requirements-kvpress.txt) || \
+	  (rm -rf $(KVPRESS_VENV); echo "peer-kvpress: error: the side venv could not be built" >&2; exit 2)
+	mkdir -p $(REPORTS)
+	$(PY) -m kvlib.runs.kvpress_check --python $(KVPRESS_VENV)/bin/python --json $(REPORTS)/kvpress_check.json
 
 # Re-pin requirements.lock from the current environment.
 lock:

@@ -95,18 +95,22 @@ class Press(CacheTransform):
             raise ValueError(f"press {self.name} needs the observation window's queries (prefill with observe)")
         layers, out = cache_layers(cache), []
         tokens = layers[0][0].shape[2]
-        n = kept_count(tokens, self.ratio)
         nbytes = 0
-        for i, (k, v) in enumerate(layers):
-            s = self.score(i, k, v, queries[i] if queries is not None else None)
-            idx = s.topk(n, dim=-1).indices.sort(dim=-1).values  # kvpress gathers in topk order; attention
-            # does not depend on it, and sorted indices keep the kept cache reproducible
+        for (k, v), idx in zip(layers, self.kept(cache, queries)):
             g = idx.unsqueeze(-1)
             k2 = k.gather(2, g.expand(-1, -1, -1, k.shape[-1])).contiguous()
             v2 = v.gather(2, g.expand(-1, -1, -1, v.shape[-1])).contiguous()  # V's head_dim may differ
             nbytes += 2 * (k2.numel() + v2.numel()) // k2.shape[0]
             out.append((k2, v2))
-        return EvictedCache(make_cache(out), tokens), EvictionMetrics(tokens, n, nbytes)
+        return EvictedCache(make_cache(out), tokens), EvictionMetrics(tokens, kept_count(tokens, self.ratio), nbytes)
+
+    def kept(self, cache: Any, queries: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per layer, the kept token positions [B, H_kv, n], ascending (kvpress gathers in top-k
+        order; attention does not depend on it, and sorted positions make the cache reproducible)."""
+        layers = cache_layers(cache)
+        n = kept_count(layers[0][0].shape[2], self.ratio)
+        return [self.score(i, k, v, queries[i] if queries is not None else None).topk(n, dim=-1).indices.sort(dim=-1).values
+                for i, (k, v) in enumerate(layers)]
 
 
 class EvictedCache:
