@@ -112,14 +112,15 @@ test-py: setup
 # papermill. Two nbval runs side by side, each with one torch thread: on 2 cores that takes about
 # 60 % of one run after the other (two runs of two threads each would be far slower, not faster).
 NBTEST      := $(BUILD)/nbtest
-NOTEBOOKS   := validate_perplexity quick_test sweep zoo
+NOTEBOOKS   := validate_perplexity quick_test sweep zoo ruler
 NB_ARGS_validate_perplexity = $(TINY_WINDOWS) $(TINY_CHECKS)
 NB_ARGS_quick_test =
 NB_ARGS_sweep = -r schemes "int4,kivi4" -p peers False $(TINY_WINDOWS) $(TINY_CHECKS) -r budget "3.25" \
   -r calibration "windows=1;targets=8;candidates=lm2rot,lm4rot"
 NB_ARGS_zoo = -r models "smollm2-135m" -r schemes "int4,q8_0" -p peers False $(TINY_WINDOWS)
+NB_ARGS_ruler = -r schemes "int4" -r tasks "niah_single_1" -r lengths "512" -p samples 2 -r presses "knorm"
 # The two halves, about equally long.
-NBVAL_1 := sweep quick_test
+NBVAL_1 := sweep quick_test ruler
 NBVAL_2 := validate_perplexity zoo
 
 test-notebooks: setup
@@ -203,11 +204,16 @@ RULER_TASKS   ?= niah_single_1,niah_single_2,niah_multikey_1,vt,fwe
 RULER_LENGTHS ?= 4096
 RULER_SAMPLES ?= 25
 RULER_PRESSES ?= streaming_llm,knorm,snapkv
+# A ruler.json written before (by make ruler or kv-validate --ruler --json): rendered without running.
+RULER_JSON    ?=
 ruler: setup
-	mkdir -p $(REPORTS)
-	$(RUN_ENV) $(PY) -m kvlib.cli --ruler --model $(MODEL) --corpus $(CORPUS) --schemes "$(RULER_SCHEMES)" \
-	  --ruler-tasks $(RULER_TASKS) --ruler-lengths $(RULER_LENGTHS) --ruler-samples $(RULER_SAMPLES) \
-	  --ruler-presses $(RULER_PRESSES) --json $(REPORTS)/ruler.json
+	mkdir -p $(REPORTS) $(BUILD)/executed
+	$(PAPERMILL) notebooks/ruler.ipynb $(BUILD)/executed/ruler.ipynb -k kvlib -p model $(MODEL) -p corpus $(CORPUS) \
+	  -r schemes "$(RULER_SCHEMES)" -r tasks "$(RULER_TASKS)" -r lengths "$(RULER_LENGTHS)" -p samples $(RULER_SAMPLES) \
+	  -r presses "$(RULER_PRESSES)" -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) \
+	  $(if $(RULER_JSON),-p from_json $(abspath $(RULER_JSON)))
+	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/ruler.ipynb
+	@echo "RULER: $(CURDIR)/$(REPORTS)/ruler.html (results: $(REPORTS)/ruler.json)"
 
 # kvlib's eviction presses beside NVIDIA kvpress 0.5.5's own on the same token ids; kvpress needs
 # transformers < 5.3, so it runs in a side venv under build/ (peers/requirements-kvpress.txt; not in setup).

@@ -228,3 +228,52 @@ def test_protocol_scores_exact_codecs_and_presses_and_reuses_units(embedded, tmp
 def test_sentences_split_at_ends_before_capitals():
     assert sentences("It was built . Then it fell ! \"Why?\" he asked") == ["It was built .", "Then it fell !",
                                                                            "\"Why?\" he asked"]
+
+
+def made_result():
+    from kvlib.checks.ruler.run import RulerAnswer, RulerResult
+
+    def answers(scores, task, length, nbytes):
+        return [RulerAnswer(task, length, i, "a", s, 0.1, nbytes) for i, s in enumerate(scores)]
+
+    got = {EXACT: answers([1, 1, 1, 0], "niah_single_1", 1024, 2**21) + answers([0, 0, 1, 0], "vt", 1024, 2**21),
+           "int4": answers([1, 1, 0, 0], "niah_single_1", 1024, 2**19) + answers([0, 0, 0, 0], "vt", 1024, 2**19),
+           "knorm@int4": answers([0, 0, 0, 0], "niah_single_1", 1024, 2**19) + answers([0, 0, 0, 0], "vt", 1024, 2**19)}
+    schemes = {EXACT: {"kind": "exact", "spec": "exact", "bits": 16.0},
+               "int4": {"kind": "kvq", "spec": "int4", "bits": 4.25},
+               "knorm@int4": {"kind": "evict", "spec": "knorm@0.7344", "bits": 4.25, "compared_to": "int4"}}
+    cfg = {"tasks": ["niah_single_1", "vt"], "lengths": [1024], "samples": 4, "seed": 42, "presses": ["knorm"],
+           "haystack": "embedded"}
+    return RulerResult(cfg, [1024], got, schemes, ["qa_1 (squad) skipped: offline"], {"total_s": 1.0})
+
+
+def test_results_summarise_qualify_and_round_trip():
+    r = made_result()
+    assert r.qualifies("niah_single_1", 1024) and not r.qualifies("vt", 1024)  # 75 % and 25 % exact
+    assert r.average(EXACT, 1024)[0] == 50.0 and r.average(EXACT, 1024, qualifying_only=True)[0] == 75.0
+    assert r.megabytes("int4", 1024) == 0.5
+    rows = [x for x in r.table() if x["scheme"] == "int4" and x["task"] == "vt"]
+    assert rows[0]["accuracy"] == 0.0 and rows[0]["qualifies"] is False
+    back = type(r).from_dict(r.to_dict())
+    assert back.table() == r.table() and back.notes == r.notes
+
+
+def test_report_marks_floors_and_draws_both_families():
+    from kvlib.report import ruler as report
+
+    r = made_result()
+    cells = report.cell_table(r)._repr_html_()
+    assert "vt <em>(floor)</em>" in cells and "niah_single_1 <em>" not in cells
+    avg = report.average_table(r)._repr_html_()
+    assert "keeps 26.6 % of the tokens (the bytes of int4)" in avg and "4.25 bits/element" in avg
+    assert "<img" in report.plot_heatmaps(r)._repr_html_()
+    assert "<img" in report.plot_accuracy_vs_bytes(r)._repr_html_()
+    text = report.reading(r)
+    assert "floors: vt" in text and "qa_1 (squad) skipped" in text
+
+
+def test_kvpress_comparison_counts_identical_sets():
+    from kvlib.runs.kvpress_check import compare
+
+    c = compare([[[1, 2], [3, 4]]], [[[2, 1], [3, 5]]])
+    assert (c["sets"], c["identical"]) == (2, 1) and c["worst_jaccard"] == pytest.approx(1 / 3)

@@ -153,6 +153,13 @@ class RulerResult:
             out.append(f"ruler {n}: " + ", ".join(parts))
         return "; ".join(out) + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RulerResult":
+        """Back from ``to_dict`` (a report renders a saved run without recomputing it)."""
+        return cls(d["config"], list(d["lengths"]),
+                   {k: [RulerAnswer(**a) for a in v] for k, v in d["answers"].items()}, d["schemes"],
+                   list(d.get("notes", [])), dict(d.get("timing", {})))
+
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config, "lengths": self.lengths, "schemes": self.schemes, "notes": self.notes,
                 "timing": self.timing, "exact_floor": RULER_EXACT_FLOOR, "table": self.table(),
@@ -230,29 +237,36 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
     stop = stop_tokens(model.config, tokenizer)
     refused: dict[str, str] = {}
     t_start, t_prefill = time.perf_counter(), 0.0
-    for n in lengths:
+    cells = []
+    for n in lengths:  # a prompt too long for its length fails here, before anything slow
         for task in tasks:
-            for i in range(config.samples):
-                s = task.sample(tokenizer, n, config.seed, i, env)
-                inputs = digest([s.context, s.question, s.references, s.max_new_tokens, s.metric, list(stop)])
-                got = {name: units.get(inputs, specs[name]) for name in schemes if name not in refused}
-                missing = [name for name, g in got.items() if g is None]
-                if missing:
-                    t0 = time.perf_counter()
-                    lm = model.get() if hasattr(model, "get") else model  # a LazyModel loads here, once
-                    cache, queries = prefill_observed(lm, s.context, SnapKV.window)
-                    t_prefill += time.perf_counter() - t0
-                    for name, body in _answers(lm, tokenizer, s, missing, every, cache, queries, stop,
-                                               refused, notes).items():
-                        units.put(inputs, specs[name], body)
-                        got[name] = body
-                    del cache, queries
-                for name, body in got.items():
-                    if body is not None:
-                        answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
-                if progress and got.get(EXACT):
-                    print(f"  ruler {n} {task.name} #{i}: exact {got[EXACT]['score']:.2f} "
-                          f"{got[EXACT]['answer'][:40]!r}", flush=True)
+            try:
+                task.sample(tokenizer, n, config.seed, 0, env)
+                cells.append((n, task))
+            except ValueError as e:
+                notes.append(f"{task.name} at {n} left out: {e}")
+    for n, task in cells:
+        for i in range(config.samples):
+            s = task.sample(tokenizer, n, config.seed, i, env)
+            inputs = digest([s.context, s.question, s.references, s.max_new_tokens, s.metric, list(stop)])
+            got = {name: units.get(inputs, specs[name]) for name in schemes if name not in refused}
+            missing = [name for name, g in got.items() if g is None]
+            if missing:
+                t0 = time.perf_counter()
+                lm = model.get() if hasattr(model, "get") else model  # a LazyModel loads here, once
+                cache, queries = prefill_observed(lm, s.context, SnapKV.window)
+                t_prefill += time.perf_counter() - t0
+                for name, body in _answers(lm, tokenizer, s, missing, every, cache, queries, stop,
+                                           refused, notes).items():
+                    units.put(inputs, specs[name], body)
+                    got[name] = body
+                del cache, queries
+            for name, body in got.items():
+                if body is not None:
+                    answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
+            if progress and got.get(EXACT):
+                print(f"  ruler {n} {task.name} #{i}: exact {got[EXACT]['score']:.2f} "
+                      f"{got[EXACT]['answer'][:40]!r}", flush=True)
     for name in refused:
         schemes.pop(name, None)
         answers.pop(name, None)
