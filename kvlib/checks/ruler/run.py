@@ -203,16 +203,10 @@ def eviction_peers(config: RulerConfig, codecs: list[CodecConfig]) -> dict[str, 
     return out
 
 
-def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: str | Path, config: RulerConfig,
-              haystack_text: str, model_name: str = "unknown", max_context: int | None = None,
-              transforms: dict[str, Any] | None = None, progress: bool = False,
-              units: CheckUnits | None = None) -> RulerResult:
-    """Every sample of ``config``, answered by the exact cache, each codec's reconstruction and each
-    press's eviction; ``transforms`` replaces the codecs (tests pass an identity)."""
-    units = units or CheckUnits(None, None, "ruler")
-    context = max_context or getattr(model.config, "max_position_embeddings", None)
-    lengths, notes = plan_lengths(config, context)
-    env = Environment(haystack_text, config.haystack)
+def plan_cells(config: RulerConfig, tokenizer: Any, lengths: list[int], env: Environment,
+               notes: list[str]) -> list[tuple[int, Any]]:
+    """The (length, task) cells to run: a task that cannot run here (its dataset) or whose prompt
+    cannot fit a length is left out with a note in ``notes``, before anything slow."""
     tasks = []
     for name in config.tasks:
         why = TASKS[name].unavailable(env)
@@ -220,10 +214,20 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
             notes.append(why)
         else:
             tasks.append(TASKS[name])
-    if transforms is None:
-        transforms, _ = cache_transforms(codecs, Path(workdir), model_name)
-    presses = eviction_peers(config, codecs) if transforms is not None else {}
-    schemes = {EXACT: {"kind": "exact", "spec": "exact", "bits": 16.0}}
+    cells = []
+    for n in lengths:
+        for task in tasks:
+            try:
+                task.sample(tokenizer, n, config.seed, 0, env)
+                cells.append((n, task))
+            except ValueError as e:
+                notes.append(f"{task.name} at {n} left out: {e}")
+    return cells
+
+
+def describe_schemes(codecs: list[CodecConfig], transforms: dict[str, Any], presses: dict[str, Any]) -> dict[str, dict]:
+    """Each cache's kind, spec and bits, the exact cache first, then the codecs', then the presses'."""
+    schemes: dict[str, dict[str, Any]] = {EXACT: {"kind": "exact", "spec": "exact", "bits": 16.0}}
     by_name = {c.name: c for c in codecs}
     for name, t in transforms.items():  # the codecs' round trips (or what a test gives instead)
         c = by_name.get(name)
@@ -231,20 +235,29 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
                          "bits": nominal_bits(c.spec) if c else math.nan}
     for name, p in presses.items():
         schemes[name] = {"kind": "evict", "spec": p.spec, "bits": 16 * p.keep, "compared_to": name.split("@", 1)[1]}
+    return schemes
+
+
+def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: str | Path, config: RulerConfig,
+              haystack_text: str, model_name: str = "unknown", max_context: int | None = None,
+              transforms: dict[str, Any] | None = None, progress: bool = False,
+              units: CheckUnits | None = None) -> RulerResult:
+    """Every sample of ``config``, answered by the exact cache, each codec's reconstruction and each
+    press's eviction; ``transforms`` replaces the codecs (tests pass an identity)."""
+    units = units or CheckUnits(None, None, "ruler")
+    lengths, notes = plan_lengths(config, max_context or getattr(model.config, "max_position_embeddings", None))
+    env = Environment(haystack_text, config.haystack)
+    cells = plan_cells(config, tokenizer, lengths, env, notes)
+    if transforms is None:
+        transforms, _ = cache_transforms(codecs, Path(workdir), model_name)
+    presses = eviction_peers(config, codecs)
+    schemes = describe_schemes(codecs, transforms, presses)
     every = {**transforms, **presses}
     specs = {EXACT: "exact", **{k: unit_key_of(t) or k for k, t in every.items()}}
     answers: dict[str, list[RulerAnswer]] = {k: [] for k in schemes}
     stop = stop_tokens(model.config, tokenizer)
     refused: dict[str, str] = {}
     t_start, t_prefill = time.perf_counter(), 0.0
-    cells = []
-    for n in lengths:  # a prompt too long for its length fails here, before anything slow
-        for task in tasks:
-            try:
-                task.sample(tokenizer, n, config.seed, 0, env)
-                cells.append((n, task))
-            except ValueError as e:
-                notes.append(f"{task.name} at {n} left out: {e}")
     for n, task in cells:
         for i in range(config.samples):
             s = task.sample(tokenizer, n, config.seed, i, env)
