@@ -392,10 +392,7 @@ class FrequentWords(Task):
     word_length: int = 6
     family: ClassVar[str] = "freq_words_extraction"
     tokens_to_generate: ClassVar[int] = 50
-
-    @property
-    def step(self) -> int:  # type: ignore[override]
-        return 32
+    step: ClassVar[int] = 32
 
     def draw(self, rng, size, tokenizer, env, length, index):
         vocab_size = max((length - self.tokens_to_generate) // 50, 4)
