@@ -103,7 +103,7 @@ def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
     fig, axes = plt.subplots(1, len(r.lengths), figsize=(5.2 * len(r.lengths), 3.8), squeeze=False,
                              constrained_layout=True)
     for ax, n in zip(axes.flat, r.lengths):
-        seen = set()
+        seen, placed = set(), []
         for name, meta in r.schemes.items():
             a, lo, hi = r.average(name, n, qualifying_only=True)
             mb = r.megabytes(name, n)
@@ -114,8 +114,12 @@ def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
             ax.errorbar([mb], [a], yerr=yerr, fmt=marker, color=color, capsize=3,
                         label=None if label in seen else label)
             seen.add(label)
-            ax.annotate(name, (mb, a), textcoords="offset points", xytext=(5, 4), fontsize=7.5)
+            near = sum(abs(math.log(mb / m)) < 0.05 and abs(a - y) < 4 for m, y in placed)
+            placed.append((mb, a))
+            ax.annotate(name, (mb, a), textcoords="offset points", xytext=(6, 4 + 10 * near), fontsize=7.5)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_ylim(-5, 105)
         ax.set_xlabel("context cache (MB, log scale)")
         ax.set_ylabel("RULER average, qualifying tasks (%)")
