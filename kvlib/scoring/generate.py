@@ -8,9 +8,10 @@ the same batch, so their tokens differ only because their caches do.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from transformers import AttentionInterface
@@ -83,6 +84,20 @@ def greedy_continue(model: Any, cache: Any, input_ids: torch.Tensor, new_tokens:
     return torch.cat(out, dim=1).cpu()
 
 
+@contextlib.contextmanager
+def attention_through(model: Any, implementation: str, var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    """Within: the model's attention is the registered ``implementation``, with ``var`` set to
+    ``value`` for it to read (write mode's query conversion, the observation window's queries)."""
+    config = model.config
+    before, token = config._attn_implementation, var.set(value)
+    config._attn_implementation = implementation
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+        var.reset(token)
+
+
 # Queries of the last tokens of a prefill, per layer (set around one observed forward).
 _OBSERVED: contextvars.ContextVar[Any] = contextvars.ContextVar("kvlib_observed_queries", default=None)
 OBSERVE = "kvlib_observe"
@@ -105,14 +120,9 @@ AttentionInterface.register(OBSERVE, _observe)
 def prefill_observed(model: Any, ids: Sequence[int], window: int) -> tuple[Any, list[torch.Tensor]]:
     """The KV cache of one sequence and each layer's last ``window`` queries ([1, H_q, window, D],
     after RoPE): what SnapKV-style presses score the context with (kvpress's observation window)."""
-    config, queries = model.config, {}
-    before, token = config._attn_implementation, _OBSERVED.set((window, queries))
-    config._attn_implementation = OBSERVE
-    try:
+    queries: dict[int, torch.Tensor] = {}
+    with attention_through(model, OBSERVE, _OBSERVED, (window, queries)):
         cache = prefill(model, ids)
-    finally:
-        config._attn_implementation = before
-        _OBSERVED.reset(token)
     return cache, [queries[i] for i in sorted(queries)]
 
 

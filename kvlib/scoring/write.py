@@ -22,6 +22,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvlib.cache.layout import new_cache
+from kvlib.scoring.generate import attention_through
 from kvlib.codec.metrics import join_metrics
 
 
@@ -48,14 +49,8 @@ def queries_through(model: Any, transform: Any) -> Iterator[None]:
     if not getattr(transform, "converts_queries", False):
         yield
         return
-    config = model.config
-    before, token = config._attn_implementation, _QUERIES.set(transform)
-    config._attn_implementation = ATTENTION
-    try:
+    with attention_through(model, ATTENTION, _QUERIES, transform):
         yield
-    finally:
-        config._attn_implementation = before
-        _QUERIES.reset(token)
 
 
 class NonFiniteWrite(ArithmeticError):
