@@ -11,7 +11,9 @@ import torch
 from kvlib.budget.allocate import allocate, solve
 from kvlib.cache.layout import cache_layers
 from kvlib.codec.spec import resolve_codec
-from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, measure_sensitivity, resolve_candidates, score_variant)
+from kvlib.budget.pricing import FastPricer, measure_sensitivity
+from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, resolve_candidates, score_variant)
+from kvlib.cache.layout import layout_of
 from kvlib.transforms.codec import cache_transforms
 
 
@@ -38,7 +40,11 @@ def test_calibration_config_round_trips_and_rejects():
     c = CalibrationConfig(corpus="embedded", windows=3, targets=64, candidates=("lm3rot", "q8_0"))
     assert CalibrationConfig.from_string(c.to_string()) == c and {c: 1}[c] == 1
     assert CalibrationConfig.from_string("windows=1") == CalibrationConfig(windows=1)
-    for bad in ("windows=0", "nope=1", "targets"):
+    specs = CalibrationConfig(candidates=("rot3", "k=asym3/g128/channel,v=asym3/g128"), measure="full")
+    assert CalibrationConfig.from_string(specs.to_string()) == specs  # a spec's commas survive the string form
+    assert CalibrationConfig.from_string("candidates=lm2rot,rot3").candidates == ("lm2rot", "rot3")
+    assert resolve_candidates(CalibrationConfig().candidates)  # the default set is valid
+    for bad in ("windows=0", "nope=1", "targets", "measure=guess"):
         with pytest.raises(ValueError):
             CalibrationConfig.from_string(bad)
     with pytest.raises(ValueError, match="one scheme per role"):
@@ -186,3 +192,38 @@ def test_budget_weighs_slots_by_their_elements():
     a = allocate(sens, 3.25)  # 1040 bytes: layer 0's keys (+256) and layer 1's keys (+64) fit, nothing more
     assert a.choice == ((1, 0), (1, 0)) and a.bits == pytest.approx(3.25) and a.predicted_kl == pytest.approx(1.3)
     assert resolve_codec(a.spec).scheme_for(1, "key") == resolve_codec("rot4").key
+
+
+def test_calibration_window_takes_the_evaluated_layout(tiny_llama):
+    ids = torch.randint(3, 64, (1, 120))
+    with torch.no_grad():
+        w = calibration_window(tiny_llama, ids, 0, 96, 16, context=40)
+    assert layout_of(w.context).seen == 40 and w.suffix.shape[1] == 17 and w.end == 57
+    assert torch.equal(w.suffix, ids[:, 40:57])  # the tokens after the context: 16 targets scored
+    with pytest.raises(ValueError, match="do not fit"):
+        calibration_window(tiny_llama, ids, 0, 96, 16, context=80)
+
+
+def test_fast_measure_is_the_full_one_when_the_head_scores_every_token(tiny_llama, calibrated):
+    """Batching a layer's variants and scoring the head on a token subset change nothing when the
+    subset is the whole vocabulary; on a small subset the ranking of the slots holds."""
+    windows, codecs, ts, full = calibrated
+    vocab = windows[0].logp.shape[-1]
+    import kvlib.budget.pricing as pricing
+    saved = pricing.PRICERS["fast"]
+    try:
+        with torch.no_grad():
+            pricing.PRICERS["fast"] = lambda: FastPricer(top=vocab)
+            everything = measure_sensitivity(tiny_llama, windows, codecs, ts, "random ids", measure="fast")
+            pricing.PRICERS["fast"] = lambda: FastPricer(top=4)
+            fast = measure_sensitivity(tiny_llama, windows, codecs, ts, "random ids", measure="fast")
+    finally:
+        pricing.PRICERS["fast"] = saved
+    assert everything.forwards == 22 * 2 and everything.head_tokens == vocab and everything.head_tail < 1e-6
+    a = torch.tensor(full.kl).flatten()
+    assert torch.allclose(torch.tensor(everything.kl).flatten(), a, rtol=1e-3, atol=1e-7)
+    assert everything.stored_bytes == full.stored_bytes and everything.measure == "fast"
+    # A near-uniform random model is no test of the ranking (docs/mixed-precision.md measures it on
+    # real ones); on 4 tokens the candidates still order as the full measure orders them.
+    totals = lambda s: [sum(s.kl[la][r][c] for la in range(22) for r in range(2)) for c in range(3)]
+    assert fast.head_tokens < vocab and totals(fast)[0] > totals(fast)[1] > totals(fast)[2] > 0

@@ -19,7 +19,8 @@ from kvlib.budget.allocate import Allocation, allocate
 from kvlib.codec.spec import CodecConfig, preset_bits, resolve_codec
 from kvlib.scoring.perplexity import plan_windows
 from kvlib.scoring.provenance import RunIdentity, ids_digest
-from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, measure_sensitivity, resolve_candidates)
+from kvlib.budget.pricing import measure_sensitivity
+from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, resolve_candidates)
 from kvlib.scoring.store import ResultsStore, unit_key
 from kvlib.transforms.codec import cache_transforms
 
@@ -81,13 +82,14 @@ def calibration_tokens(cfg: CalibrationConfig, eval_corpus: corpora.Corpus, eval
 
 
 def sensitivity_key(identity: RunIdentity, cal: Calibration, cfg: CalibrationConfig, codecs: list[CodecConfig],
-                    length: int) -> dict[str, Any]:
+                    length: int, context: int | None = None) -> dict[str, Any]:
     """The identity of a sensitivity table: the run's model, precision and code, the calibration
-    tokens, window length, targets and the candidates."""
+    tokens, window length, context, targets, the candidates and the measure."""
     return {"model": identity.model, "dtype": identity.dtype, "device": identity.device,
             "tokenizer": identity.tokenizer, "code": identity.code, "versions": identity.versions,
             "unit": "sensitivity", "tokens": ids_digest(cal.ids), "starts": cal.starts, "length": length,
-            "targets": cfg.targets, "candidates": [c.spec for c in codecs]}
+            "context": context, "targets": cfg.targets, "candidates": [c.spec for c in codecs],
+            "measure": cfg.measure}
 
 
 @dataclass
@@ -104,13 +106,14 @@ class _Planning:
     store: ResultsStore | None
     key: dict[str, Any] | None
     say: Callable[..., None]
+    context: int | None = None  # the evaluated windows' context tokens: the layout the budget is met on
     windows: list[Any] = field(default_factory=list)
 
     def calibration_windows(self) -> list[Any]:
         if not self.windows:
             with torch.no_grad():
-                self.windows.extend(calibration_window(self.load(), self.cal.ids, s, self.length, self.cfg.targets)
-                                    for s in self.cal.starts)
+                self.windows.extend(calibration_window(self.load(), self.cal.ids, s, self.length, self.cfg.targets,
+                                                       self.context) for s in self.cal.starts)
         return self.windows
 
     def stored(self, key: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -127,7 +130,7 @@ class _Planning:
             self.say(f"Sensitivity: read from the results store ({self.cal.description})")
             return Sensitivity.from_dict(unit["sensitivity"]), True
         self.say(f"Sensitivity of {len(codecs)} candidates ({', '.join(c.name for c in codecs)}) per layer and role "
-                 f"on {self.cal.description}...")
+                 f"on {self.cal.description}, measure {self.cfg.measure}...")
         ts, _ = cache_transforms(codecs, self.workdir, self.model_name)
         bar = None
         if progress:
@@ -136,11 +139,13 @@ class _Planning:
             bar = tqdm(desc="sensitivity", unit="forward")
         tick = (lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n))) if bar is not None else None
         with torch.no_grad():
-            sens = measure_sensitivity(self.load(), self.calibration_windows(), codecs, ts, self.cal.description, tick)
+            sens = measure_sensitivity(self.load(), self.calibration_windows(), codecs, ts, self.cal.description, tick,
+                                       self.cfg.measure)
         if bar is not None:
             bar.close()
+        head = f", the LM head on {sens.head_tokens} tokens" if sens.measure == "fast" else ""
         self.say(f"  {sens.forwards} suffix forwards in {sens.seconds:.1f} s "
-                 f"(prefix reuse ran {100 * sens.layers_run:.0f} % of the decoder layers)")
+                 f"(prefix reuse ran {100 * sens.layers_run:.0f} % of the decoder layers{head})")
         self.keep(self.key, {"sensitivity": sens.to_dict()})
         return sens, False
 
@@ -160,12 +165,14 @@ class _Planning:
 def plan_mixes(load: Callable[[], Any], cfg: CalibrationConfig, budgets: list[float], cal: Calibration,
                length: int, workdir: Any, model_name: str, store: ResultsStore | None = None,
                identity: RunIdentity | None = None, say: Callable[..., None] = print, progress: bool = False,
-               ) -> tuple[list[CodecConfig], BudgetResult]:
-    """The mixed codec of each budget, and what the report shows of how they were chosen."""
+               context: int | None = None) -> tuple[list[CodecConfig], BudgetResult]:
+    """The mixed codec of each budget, and what the report shows of how they were chosen;
+    ``context``: the evaluated windows' context tokens, so that the calibration caches (and the
+    bits the budget is met with) have the evaluated layout (default: all but the targets)."""
     t0 = time.perf_counter()
     codecs = resolve_candidates(cfg.candidates)
-    key = sensitivity_key(identity, cal, cfg, codecs, length) if identity is not None else None
-    run = _Planning(load, cfg, cal, length, workdir, model_name, store, key, say)
+    key = sensitivity_key(identity, cal, cfg, codecs, length, context) if identity is not None else None
+    run = _Planning(load, cfg, cal, length, workdir, model_name, store, key, say, context)
     sens, reused = run.sensitivity(codecs, progress)
     result = BudgetResult(cfg.to_string(), sens, reused=reused)
     mixes = []

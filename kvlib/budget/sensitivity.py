@@ -6,6 +6,7 @@ against the exact cache with only that slot replaced by the candidate's reconstr
 mean KL(exact || that) over the suffix's targets is the slot's cost under the candidate. The
 decoder layers before the slot see exactly the exact run's inputs, so their outputs are replayed
 from it instead of computed again (prefix reuse: the same bits, about half the layers' work).
+The pass itself, and its cheaper measure, are in ``kvlib.budget.pricing``.
 
 Per-tensor compression is independent, so a mix of candidates per slot reconstructs exactly what
 the per-layer spec of that mix does in ``kv-compress``; ``measure_mix`` scores such a mix on the
@@ -14,10 +15,9 @@ same windows, to check that the slots' costs add up.
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -27,11 +27,20 @@ from kvlib.codec.spec import CodecConfig, resolve_codec
 from kvlib.cache.layout import layout_of, make_cache, new_cache
 
 ROLES = ("key", "value")
-# The candidates a slot may take: 2.25, 3.25, 4.25 and 8.5 bits. At 3 and 4 bits the symmetric
-# codes after rotation, not Lloyd-Max: Lloyd-Max's centroids shrink a reconstruction (its
-# projection on the original is 0.973 of it at 3 bits, rot3's 0.989 and rot4's 1.0005), which
-# softens attention; its KL is lower but its perplexity delta higher (README, "Mixed precision").
-DEFAULT_CANDIDATES = ("lm2rot", "rot3", "rot4", "q8_0")
+# The candidates a slot may take span what works on the zoo: at 2.25, 3.25 and 4.25 bits both a
+# Hadamard-rotated per-token code and KIVI's axis (keys per channel, groups of 128 tokens; values
+# per token, unrotated), then 6.25 and 8.5 bits. Rotated per-token keys fail on Gemma-3 and Qwen2.5
+# where per-channel keys pass (docs/mixed-precision.md); SmolLM2 prefers the rotated ones. At 3 and
+# 4 bits the rotated codes are symmetric, not Lloyd-Max: Lloyd-Max's centroids shrink a
+# reconstruction (its projection on the original is 0.973 of it at 3 bits, rot3's 0.989), which
+# softens attention; its KL is lower but its perplexity delta higher.
+DEFAULT_CANDIDATES = ("lm2rot", "k=asym2/g128/channel,v=asym2/g128", "rot3", "k=asym3/g128/channel,v=asym3/g128",
+                      "rot4", "k=asym4/g128/channel,v=asym4/g128", "sym6/g64/rot", "q8_0")
+# How a slot's cost is measured: "full" runs one forward per (slot, candidate) over the whole
+# vocabulary; "fast" runs one batched forward per layer (every candidate of its keys and values at
+# once) and prices the LM head on the exact run's top tokens only (kvlib.budget.batched).
+MEASURES = ("fast", "full")
+_FIELDS = ("corpus", "windows", "targets", "candidates", "measure")
 
 
 @dataclass(frozen=True)
@@ -46,9 +55,11 @@ class CalibrationConfig:
     windows: int = 2
     targets: int = 128
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
+    measure: str = "fast"
 
     def to_string(self) -> str:
-        return f"corpus={self.corpus};windows={self.windows};targets={self.targets};candidates={','.join(self.candidates)}"
+        return (f"corpus={self.corpus};windows={self.windows};targets={self.targets};"
+                f"candidates={'|'.join(self.candidates)};measure={self.measure}")
 
     @classmethod
     def from_string(cls, s: str) -> "CalibrationConfig":
@@ -56,15 +67,15 @@ class CalibrationConfig:
         kw: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in s.split(";"))):
             k, sep, v = part.partition("=")
-            if not sep or k not in ("corpus", "windows", "targets", "candidates"):
-                raise ValueError(f"calibration setting {part!r}: want corpus=, windows=, targets= or candidates=")
+            if not sep or k not in _FIELDS:
+                raise ValueError(f"calibration setting {part!r}: want corpus=, windows=, targets=, candidates= or measure=")
             if k in ("windows", "targets"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
                     raise ValueError(f"calibration setting {part!r}: not an integer") from None
             else:
-                kw[k] = tuple(x.strip() for x in v.split(",") if x.strip()) if k == "candidates" else v
+                kw[k] = split_candidates(v) if k == "candidates" else v
         c = cls(**kw)
         c.check()
         return c
@@ -72,6 +83,15 @@ class CalibrationConfig:
     def check(self) -> None:
         if self.windows < 1 or self.targets < 1 or not self.candidates:
             raise ValueError(f"calibration needs windows >= 1, targets >= 1 and a candidate: {self.to_string()}")
+        if self.measure not in MEASURES:
+            raise ValueError(f"calibration measure {self.measure!r}: choose one of {', '.join(MEASURES)}")
+
+
+def split_candidates(text: str) -> tuple[str, ...]:
+    """Candidates separated by '|' (a spec may hold commas: k=...,v=...); preset names alone may
+    be separated by commas (lm2rot,rot3)."""
+    sep = "|" if "|" in text or "=" in text else ","
+    return tuple(x.strip() for x in text.split(sep) if x.strip())
 
 
 @dataclass
@@ -90,6 +110,10 @@ class Sensitivity:
     seconds: float = 0.0
     forwards: int = 0  # suffix forwards run
     layers_run: float = 0.0  # share of the decoder layers computed (prefix reuse skips the rest)
+    measure: str = "full"  # how the costs were measured (MEASURES)
+    context_tokens: int = 0  # tokens each calibration context held: the evaluated windows' layout
+    head_tokens: int = 0  # tokens of the vocabulary the LM head scored per target (the fast measure's top tokens)
+    head_tail: float = 0.0  # the exact probability outside them, mean over targets
 
     @property
     def num_layers(self) -> int:
@@ -114,10 +138,11 @@ class CalibrationWindow:
     begin: int
     end: int
     context: Any  # the context's cache (a DynamicCache in the model's layout)
-    suffix: torch.Tensor  # [1, targets + 1]: the last context token, then the targets
+    suffix: torch.Tensor  # [1, targets + 1]: the tokens after the context; all but the first are scored
     logp: torch.Tensor  # [targets, vocab] exact log-probabilities
     p: torch.Tensor | None = None  # their exp, computed once for every variant's KL
     layer_outputs: list[Any] = field(default_factory=list)  # each decoder layer's output on the suffix
+    lse: torch.Tensor | None = None  # [targets] the exact logits' log-sum-exp (the fast measure's anchor)
 
 
 def decoder_layers(model: Any, num_layers: int) -> Any:
@@ -141,13 +166,23 @@ def _recording(layers: Any, outputs: list[Any]) -> Iterator[None]:
             h.remove()
 
 
+def _batched(out: Any, batch: int) -> Any:
+    """A recorded layer output (a tensor, or a tuple led by one) repeated over ``batch`` rows (a view)."""
+    if batch == 1:
+        return out
+    if isinstance(out, tuple):
+        return (out[0].expand(batch, *out[0].shape[1:]),) + out[1:]
+    return out.expand(batch, *out.shape[1:])
+
+
 @contextmanager
-def _replaying(layers: Any, outputs: list[Any], upto: int) -> Iterator[None]:
-    """Layers before ``upto`` return their recorded outputs instead of computing them (a forward
-    already set on the instance, as accelerate's hooks set one, is put back after)."""
+def _replaying(layers: Any, outputs: list[Any], upto: int, batch: int = 1) -> Iterator[None]:
+    """Layers before ``upto`` return their recorded outputs (repeated over ``batch`` rows) instead
+    of computing them (a forward already set on the instance, as accelerate's hooks set one, is
+    put back after)."""
     own = [layers[i].__dict__.get("forward") for i in range(upto)]
     for i in range(upto):
-        layers[i].forward = lambda *a, _out=outputs[i], **k: _out
+        layers[i].forward = lambda *a, _out=_batched(outputs[i], batch), **k: _out
     try:
         yield
     finally:
@@ -158,26 +193,37 @@ def _replaying(layers: Any, outputs: list[Any], upto: int) -> Iterator[None]:
                 layers[i].forward = own[i]
 
 
-def calibration_window(model: Any, ids: torch.Tensor, begin: int, length: int, targets: int) -> CalibrationWindow:
-    """Run one window [begin, begin + length) exactly: its context's cache, then the suffix
-    against it, recording the suffix's log-probabilities and each decoder layer's output."""
-    n = length - targets - 1
+def calibration_window(model: Any, ids: torch.Tensor, begin: int, length: int, targets: int,
+                       context: int | None = None) -> CalibrationWindow:
+    """Run one window exactly: its first ``context`` tokens' cache (default: all but the last
+    ``targets`` + 1 of ``length``; the evaluated windows' context length, so that the cache has
+    their layout), then the suffix (that context's last token and ``targets`` more) against it,
+    recording the suffix's log-probabilities and each decoder layer's output."""
+    n = length - targets - 1 if context is None else context
+    if not 0 < n <= length - targets - 1:
+        raise ValueError(f"calibration window: a context of {n} tokens and {targets} targets do not fit {length} tokens")
     device = next(model.parameters()).device
-    window = ids[:, begin: begin + length].to(device)
+    window = ids[:, begin: begin + n + targets + 1].to(device)
     ctx = model(input_ids=window[:, :n], past_key_values=new_cache(model), use_cache=True).past_key_values
-    w = CalibrationWindow(begin, begin + length, ctx, window[:, n:], torch.empty(0))
+    w = CalibrationWindow(begin, begin + n + targets + 1, ctx, window[:, n:], torch.empty(0))
     layers = decoder_layers(model, len(ctx.layers))
     w.layer_outputs = [None] * (len(layers) if layers is not None else 0)
     with _recording(layers if layers is not None else [], w.layer_outputs):
-        w.logp = _suffix_logp(model, w, cache_layers(ctx))
+        logits = _suffix_logits(model, w, cache_layers(ctx))
+    w.lse = torch.logsumexp(logits, dim=-1)
+    w.logp = F.log_softmax(logits, dim=-1)  # as every variant's, so nothing compressed scores exactly 0
     w.p = w.logp.exp()
     return w
 
 
-def _suffix_logp(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def _suffix_logits(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     cache = make_cache(list(layers), layout_of(w.context))
     out = model(input_ids=w.suffix, past_key_values=cache, use_cache=True)
-    return F.log_softmax(out.logits[0, :-1].float(), dim=-1)
+    return out.logits[0, :-1].float()
+
+
+def _suffix_logp(model: Any, w: CalibrationWindow, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    return F.log_softmax(_suffix_logits(model, w, layers), dim=-1)
 
 
 def mean_kl(logp_exact: torch.Tensor, logp: torch.Tensor, p_exact: torch.Tensor | None = None) -> float:
@@ -208,40 +254,6 @@ def reconstructions(w: CalibrationWindow, transforms: dict[str, Any]) -> dict[st
         out[name] = (layers, {d["name"]: int(d["compressed_size_bytes"]) for d in metrics.tensors})
         del cache
     return out
-
-
-def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: list[CodecConfig],
-                        transforms: dict[str, Any], calibration: str,
-                        progress: Callable[[int, int], None] | None = None) -> Sensitivity:
-    """Every slot's mean KL under every candidate on ``windows`` (see the module's docstring)."""
-    t0 = time.perf_counter()
-    nl = len(windows[0].context.layers)
-    nc = len(codecs)
-    kl = [[[0.0] * nc for _ in ROLES] for _ in range(nl)]
-    nbytes = [[[0] * nc for _ in ROLES] for _ in range(nl)]
-    elements = [[0, 0] for _ in range(nl)]
-    forwards, run, total = 0, 0, nl * len(ROLES) * nc * len(windows)
-    for w in windows:
-        exact = cache_layers(w.context)
-        recon = reconstructions(w, {c.name: transforms[c.name] for c in codecs})
-        for layer in range(nl):
-            for r, role in enumerate(ROLES):
-                elements[layer][r] += exact[layer][r].numel()
-                for c, codec in enumerate(codecs):
-                    layers = list(exact)
-                    rec = recon[codec.name][0][layer]
-                    layers[layer] = (rec[0], exact[layer][1]) if role == "key" else (exact[layer][0], rec[1])
-                    kl[layer][r][c] += score_variant(model, w, layers, layer) / len(windows)
-                    nbytes[layer][r][c] += recon[codec.name][1][f"layer_{layer}_{role}"]
-                    forwards += 1
-                    run += nl - (layer if w.layer_outputs else 0)
-                    if progress is not None:
-                        progress(forwards, total)
-        del recon
-    return Sensitivity(candidates=[c.spec for c in codecs], names=[c.name for c in codecs], kl=kl,
-                       stored_bytes=nbytes, elements=elements, calibration=calibration,
-                       targets=sum(w.logp.shape[0] for w in windows), seconds=time.perf_counter() - t0,
-                       forwards=forwards, layers_run=run / max(forwards * nl, 1))
 
 
 def measure_mix(model: Any, windows: list[CalibrationWindow], mix: CodecConfig, transforms: dict[str, Any]) -> float:

@@ -92,7 +92,8 @@ def budget_rows(result: SweepResult | dict[str, Any]) -> list[list[str]]:
     for m in b.get("mixes", []):
         s = by_name.get(f"{MIX_PREFIX}{m['budget']:g}", {})
         ratio = m["measured_kl"] / m["predicted_kl"] if m["predicted_kl"] > 0 else math.nan
-        rows.append([f"{MIX_PREFIX}{m['budget']:g}", f"{m['bits']:.3f}", fmt(s.get("bits_per_element"), ".3f"),
+        rows.append([f"{MIX_PREFIX}{m['budget']:g}", f"{m['budget']:g}", f"{m['bits']:.3f}",
+                     fmt(s.get("bits_per_element"), ".3f"),
                      f"{m['predicted_kl']:.4f}", f"{m['measured_kl']:.4f}", fmt(ratio, ".2f"),
                      fmt(s.get("context_delta"), "+.4f"),
                      f"[{fmt(s.get('ci_low'), '+.3f')}, {fmt(s.get('ci_high'), '+.3f')}]",
@@ -101,7 +102,7 @@ def budget_rows(result: SweepResult | dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-BUDGET_HEADERS = ["mix", "bits (calibration)", "bits (evaluation)", "KL predicted", "KL measured",
+BUDGET_HEADERS = ["mix", "bits asked", "bits planned (calibration)", "bits stored (evaluation)", "KL predicted", "KL measured",
                   "measured / predicted", "gated delta", "CI", "KL (evaluation)", "verdict"]
 
 
@@ -124,6 +125,12 @@ def budget_note(result: SweepResult | dict[str, Any]):
     how = ("read from the results store" if b.get("reused") else
            f"{sens['forwards']} suffix forwards in {sens['seconds']:.0f} s; prefix reuse ran "
            f"{100 * sens['layers_run']:.0f} % of the decoder layers")
+    if sens.get("measure") == "fast":
+        how += (f"; measured fast: one batched forward per layer, the LM head on the exact run's "
+                f"{sens['head_tokens']} most likely tokens (they hold {100 * (1 - sens['head_tail']):.1f} % of its "
+                f"probability)")
+    if sens.get("context_tokens"):
+        how += f"; contexts of {sens['context_tokens']} tokens, the evaluated windows' layout"
     specs = "".join(f"<li><code>{MIX_PREFIX}{m['budget']:g}</code>: <code>--scheme '{html.escape(m['spec'])}'</code></li>"
                     for m in b["mixes"])
     return HTML(

@@ -376,7 +376,7 @@ def run_sweep(
     planned, mixes = None, {}
     if sensitivity:
         resolved, planned, mixes = _add_mixes(run, resolved, cal_cfg, budgets, workdir,
-                                              verbose if progress is None else progress)
+                                              verbose if progress is None else progress, mode)
     if calibrate_scales:
         cal = calibration_tokens(cal_cfg, run.text, run.ids, run.tokenizer, run.context_length, stride, max_windows)
         twins = calibrated_scales(resolved, run.load, cal.ids, cal.starts, run.context_length, run.store,
@@ -432,14 +432,18 @@ def run_sweep(
 
 
 def _add_mixes(run: RunSetup, resolved: list[CodecConfig], cal_cfg: CalibrationConfig, budgets: list[float],
-               workdir: Any, progress: bool) -> tuple[list[CodecConfig], Any, dict[str, str]]:
+               workdir: Any, progress: bool, mode: str = "prefix") -> tuple[list[CodecConfig], Any, dict[str, str]]:
     """Measure the slots' sensitivity on the calibration windows and add each budget's mix to the
-    schemes: (schemes, the plan, {mix spec's name: mix@BUDGET})."""
-    cal = calibration_tokens(cal_cfg, run.text, run.ids, run.tokenizer, run.context_length, run.params.stride,
-                             run.params.max_windows)
+    schemes: (schemes, the plan, {mix spec's name: mix@BUDGET}). In prefix mode the calibration
+    contexts are as long as the evaluated windows' compressed contexts, so the budget is met on
+    the layout evaluated (a sliding layer and a global one hold what they hold there)."""
+    p = run.params
+    cal = calibration_tokens(cal_cfg, run.text, run.ids, run.tokenizer, run.context_length, p.stride, p.max_windows)
+    evaluated = plan_windows(run.ids.shape[1], run.context_length, p.stride, p.max_windows)
+    context = max(w.context_tokens for w in evaluated) if mode == "prefix" else None
     with tempfile.TemporaryDirectory(prefix="kvlib-budget-") as tmp:
         found, planned = plan_mixes(run.load, cal_cfg, budgets, cal, run.context_length, workdir or tmp, run.name,
-                                    run.store, run.identity, run.say, progress)
+                                    run.store, run.identity, run.say, progress, context or None)
     mixes = {m.name: f"{MIX_PREFIX}{b:g}" for m, b in zip(found, budgets)}
     resolved = resolved + [m for m in dict.fromkeys(found) if m.name not in {c.name for c in resolved}]
     return resolved, planned, mixes
@@ -536,12 +540,13 @@ def print_sweep(r: SweepResult) -> None:
         print_engine_tables(r.engines)
         print(bar)
     if r.budget:
-        print_budget(r.budget)
+        print_budget(r.budget, {s.name: s.bits_per_element for s in r.schemes})
 
 
-def print_budget(b: dict[str, Any]) -> None:
+def print_budget(b: dict[str, Any], stored: dict[str, float] | None = None) -> None:
     """The sensitivity table (mean KL per target when only that slot is compressed) and each
-    budget's allocation."""
+    budget's allocation: the bits asked, planned on the calibration caches (the evaluated
+    layout) and ``stored`` on the evaluation windows (by scheme name, when known)."""
     sens = b["sensitivity"]
     names = sens["names"]
     print(f"  SENSITIVITY  KL(exact || one slot compressed), nats/token, on {sens['calibration']}")
@@ -550,5 +555,7 @@ def print_budget(b: dict[str, Any]) -> None:
         print(f"  {layer:5d}  " + "  ".join(f"{v:11.5f}" for v in roles[0]) + "   "
               + "  ".join(f"{v:11.5f}" for v in roles[1]))
     for m in b["mixes"]:
-        print(f"  budget {m['budget']:g}: {m['bits']:.3f} bits/element, KL predicted {m['predicted_kl']:.4f}, "
-              f"measured {m['measured_kl']:.4f}: {m['spec']}")
+        kept = (stored or {}).get(f"{MIX_PREFIX}{m['budget']:g}")
+        on_eval = f", {kept:.3f} stored on the evaluation windows" if kept is not None else ""
+        print(f"  budget {m['budget']:g} bits/element asked: {m['bits']:.3f} planned{on_eval}; KL predicted "
+              f"{m['predicted_kl']:.4f}, measured {m['measured_kl']:.4f}: {m['spec']}")

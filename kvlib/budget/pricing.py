@@ -1,0 +1,164 @@
+"""The sensitivity pass: every (layer, role) slot priced under every candidate, by one of two measures.
+
+``full``: one forward of the suffix per (slot, candidate), the whole vocabulary scored: the
+definition. ``fast``: one forward per layer, its keys' and values' variants under every candidate
+stacked on the batch axis (the layers before it replayed once for all), and the LM head applied to
+the exact run's top tokens only. The rest of the vocabulary is one bucket whose unnormalised mass
+is held at its exact value, so each target's cost is the KL between the exact and the variant's
+distributions coarsened to (top tokens, the rest): a lower bound of the full KL that differs from
+it by what the tail's own reshuffling costs. On a 262,144-token vocabulary the head is most of a
+forward; ``make bench`` and docs/mixed-precision.md compare the two measures' ranking and cost.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from kvlib.budget.sensitivity import (ROLES, CalibrationWindow, Sensitivity, _replaying, decoder_layers,
+                                      reconstructions, score_variant)
+from kvlib.cache.layout import cache_layers, layout_of, make_cache
+from kvlib.codec.spec import CodecConfig
+
+TOP_TOKENS = 64  # per target: the exact run's most likely tokens; the fast head scores their union
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+class FullPricer:
+    """One forward per variant over the whole vocabulary (``score_variant``)."""
+
+    name = "full"
+
+    def __init__(self) -> None:
+        self.forwards = 0
+        self.vocab = 0
+
+    def prepare(self, model: Any, w: CalibrationWindow) -> None:
+        self.vocab = int(w.logp.shape[-1])
+
+    def price(self, model: Any, w: CalibrationWindow, exact: list[KV], layer: int, variants: list[KV]) -> list[float]:
+        out = []
+        for kv in variants:
+            layers = list(exact)
+            layers[layer] = kv
+            out.append(score_variant(model, w, layers, layer))
+            self.forwards += 1
+        return out
+
+
+class FastPricer:
+    """One batched forward per layer, the LM head on the exact run's top tokens (module docstring)."""
+
+    name = "fast"
+
+    def __init__(self, top: int = TOP_TOKENS) -> None:
+        self.top = top
+        self.forwards = 0
+        self.vocab = 0  # tokens scored per target, the last window's
+        self.tail = 0.0  # the exact probability outside them, mean over targets, the last window's
+        self._tokens: torch.Tensor | None = None
+        self._pz: torch.Tensor | None = None  # sum over the tokens of p * exact logit, per target
+
+    def prepare(self, model: Any, w: CalibrationWindow) -> None:
+        """The window's scored tokens (the union of each target's top ones) and the exact run's terms."""
+        tokens = torch.unique(w.logp.topk(min(self.top, w.logp.shape[-1]), dim=-1).indices)
+        p = w.p[:, tokens]
+        self._tokens = tokens
+        self._pz = (p * (w.logp[:, tokens] + w.lse[:, None])).sum(-1)
+        self._p = p
+        self._log_rest = torch.log1p(-p.sum(-1).clamp(max=1 - 1e-7)) + w.lse  # log of the rest's exact mass
+        self.vocab = int(tokens.numel())
+        self.tail = float(1 - p.sum(-1).mean())
+
+    def price(self, model: Any, w: CalibrationWindow, exact: list[KV], layer: int, variants: list[KV]) -> list[float]:
+        b = len(variants)
+        layers = [(k.expand(b, *k.shape[1:]), v.expand(b, *v.shape[1:])) for k, v in exact]
+        layers[layer] = (torch.cat([k for k, _ in variants]), torch.cat([v for _, v in variants]))
+        cache = make_cache(layers, layout_of(w.context))
+        dec = decoder_layers(model, len(exact)) if layer > 0 and w.layer_outputs else None
+        with _head_on(model, self._tokens), (_replaying(dec, w.layer_outputs, layer, b) if dec is not None
+                                             else _nothing()):
+            z = model(input_ids=w.suffix.expand(b, -1), past_key_values=cache, use_cache=True).logits[:, :-1].float()
+        self.forwards += 1
+        denom = torch.logaddexp(torch.logsumexp(z, dim=-1), self._log_rest)  # [b, targets]
+        kl = self._pz - (self._p * z).sum(-1) + (denom - w.lse)
+        return [float(x) for x in kl.clamp_min(0).double().mean(-1)]
+
+
+PRICERS: dict[str, Callable[[], Any]] = {"full": FullPricer, "fast": FastPricer}
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@contextmanager
+def _head_on(model: Any, tokens: torch.Tensor) -> Iterator[None]:
+    """The model's LM head computes the logits of ``tokens`` only (what follows it in the model,
+    as Gemma's soft-capping, is element-wise and applies unchanged)."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ValueError(f"the fast sensitivity measure needs a linear LM head, not {type(head).__name__}: "
+                         "use --calibration 'measure=full'")
+    weight = head.weight[tokens]
+    bias = head.bias[tokens] if head.bias is not None else None
+    own = head.__dict__.get("forward")
+    head.forward = lambda h: F.linear(h, weight, bias)
+    try:
+        yield
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+
+
+def _variants(exact: list[KV], recon: dict[str, tuple[list, dict[str, int]]], codecs: list[CodecConfig],
+              layer: int) -> list[KV]:
+    """The layer's (key, value) with one role replaced by one candidate's reconstruction: keys
+    under every candidate, then values under every candidate."""
+    k, v = exact[layer]
+    return ([(recon[c.name][0][layer][0], v) for c in codecs] + [(k, recon[c.name][0][layer][1]) for c in codecs])
+
+
+def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: list[CodecConfig],
+                        transforms: dict[str, Any], calibration: str,
+                        progress: Callable[[int, int], None] | None = None, measure: str = "full") -> Sensitivity:
+    """Every slot's mean KL under every candidate on ``windows``, by ``measure`` (module docstring)."""
+    t0 = time.perf_counter()
+    pricer = PRICERS[measure]()
+    nl = len(windows[0].context.layers)
+    nc = len(codecs)
+    kl = [[[0.0] * nc for _ in ROLES] for _ in range(nl)]
+    nbytes = [[[0] * nc for _ in ROLES] for _ in range(nl)]
+    elements = [[0, 0] for _ in range(nl)]
+    done, run, total = 0, 0, nl * len(windows)
+    for w in windows:
+        exact = cache_layers(w.context)
+        recon = reconstructions(w, {c.name: transforms[c.name] for c in codecs})
+        pricer.prepare(model, w)
+        for layer in range(nl):
+            costs = pricer.price(model, w, exact, layer, _variants(exact, recon, codecs, layer))
+            for r, role in enumerate(ROLES):
+                elements[layer][r] += exact[layer][r].numel()
+                for c, codec in enumerate(codecs):
+                    kl[layer][r][c] += costs[r * nc + c] / len(windows)
+                    nbytes[layer][r][c] += recon[codec.name][1][f"layer_{layer}_{role}"]
+            run += (nl - (layer if w.layer_outputs else 0)) * len(ROLES) * nc
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        del recon
+    variants = nl * len(ROLES) * nc * len(windows)
+    return Sensitivity(candidates=[c.spec for c in codecs], names=[c.name for c in codecs], kl=kl,
+                       stored_bytes=nbytes, elements=elements, calibration=calibration,
+                       targets=sum(w.logp.shape[0] for w in windows), seconds=time.perf_counter() - t0,
+                       forwards=pricer.forwards, layers_run=run / max(variants * nl, 1), measure=measure,
+                       context_tokens=layout_of(windows[0].context).seen, head_tokens=pricer.vocab,
+                       head_tail=getattr(pricer, "tail", 0.0))
