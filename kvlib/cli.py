@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         if ruler is not None:
             if args.quick_test:
                 raise ValueError("--ruler needs a model: it does not run with --quick-test")
+            if args.mode != "prefix":
+                raise ValueError("--ruler runs in prefix mode only (the prompt's cache compressed once, as "
+                                 "docs/ruler.md says): drop --mode write" + (" and --engine" if args.engine else ""))
             if args.json:
                 check_output_path(args.json)
             r = run_ruler_suite(codecs, ruler, model=args.model, device="cpu" if args.cpu else None, dtype=args.dtype,

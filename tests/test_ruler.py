@@ -277,3 +277,13 @@ def test_kvpress_comparison_counts_identical_sets():
 
     c = compare([[[1, 2], [3, 4]]], [[[2, 1], [3, 5]]])
     assert (c["sets"], c["identical"]) == (2, 1) and c["worst_jaccard"] == pytest.approx(1 / 3)
+
+
+def test_cli_refuses_ruler_in_write_mode(capsys):
+    """RULER runs the prefix protocol only: write mode (or an engine's menu, a write-mode verdict) is refused, not ignored."""
+    from kvlib.cli import main
+
+    for argv in (["--ruler", "--mode", "write"], ["--ruler", "--engine", "llama.cpp"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "prefix mode only" in err and err.count("\n") == 1
