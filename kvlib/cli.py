@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 from pathlib import Path
 
 from kvlib.env import stop_on_sigterm
@@ -23,6 +24,7 @@ from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
 from kvlib.runs.sweep import default_schemes, engine_schemes, run_sweep, write_json
+from kvlib.runs.knobs import cheapest_setting, print_search
 from kvlib.runs.ruler import print_ruler, run_ruler_suite
 from kvlib.checks.ruler.run import ALL_TASKS, RulerConfig
 from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
@@ -54,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default=None, metavar="ENGINE",
                    help="sweep every KV-cache format of an engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, or all; kv-compress schemes -engine "
                    "lists them) in write mode, as the engine writes its cache: the cheapest option that passes")
+    p.add_argument("--knobs", action="store_true",
+                   help="with --engine: validate the settings of the engine's own knobs (llama.cpp: every -ctk/-ctv "
+                   "pair) in write mode, fewest bits first, and print the flags of the cheapest that passes robustly")
     p.add_argument("--calibrated-scales", action="store_true",
                    help="validate each static-scale engine format (vllm:fp8...) also with scales calibrated per layer on "
                    "the calibration windows (SCHEME@calibrated), beside scale 1 (on with --engine)")
@@ -187,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         calibration = CalibrationConfig.from_string(args.calibration)
         if (budgets or args.sensitivity) and args.quick_test:
             raise ValueError("--budget and --sensitivity need a model: they do not run with --quick-test")
+        if args.knobs:
+            return search_knobs(args)
         if budgets and not specs:
             codecs = [resolve_codec(x) for x in similar_presets(budgets)]
         if len(codecs) > 1 or budgets or args.sensitivity:
@@ -219,6 +226,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.quiet:
         print(result.verdict)
     return 0 if result.passed else 1
+
+
+def search_knobs(args: argparse.Namespace) -> int:
+    """--engine E --knobs: the cheapest setting of E's knobs that passes robustly, in write mode."""
+    if not args.engine or args.quick_test:
+        raise ValueError("--knobs needs --engine (whose knobs) and a model (not --quick-test)")
+
+    def sweep(specs: list[str]) -> Any:
+        return run_sweep(specs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
+                         dtype=args.dtype, threshold=args.threshold, stride=args.stride, max_windows=args.max_windows,
+                         context_length=args.context_length, peers=False, verbose=False, results=args.results,
+                         fresh=args.fresh, ray=args.ray, mode="write")
+
+    found = cheapest_setting(args.engine, sweep, say=(lambda *a, **k: None) if args.quiet else print)
+    print_search(found)
+    if args.json:
+        write_json(found.to_dict(), args.json)
+    return 0 if found.cheapest else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,112 @@
+"""The fast sensitivity measure against the full one, on one model, in one run: their cost (suffix
+forwards and seconds), how the slots rank (Spearman over every (layer, role, candidate)) and whether
+the budgets allot the same mixes. ``make sensitivity-check MODEL=gemma3-270m``.
+
+The calibration is the sweep's own default when WikiText-2 is evaluated (the embedded corpus, two
+windows of 2048 tokens, contexts of the prefix mode's 1,535 tokens, the last 128 scored), with the
+default candidates; both measures run on the same exact windows and the same reconstructions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvlib.budget.allocate import allocate
+from kvlib.budget.pricing import measure_sensitivity
+from kvlib.budget.sensitivity import CalibrationConfig, Sensitivity, calibration_window, resolve_candidates
+from kvlib.models import corpus as corpora
+from kvlib.models.sources import load_model_and_tokenizer
+from kvlib.transforms.codec import cache_transforms
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (ties take their mean rank)."""
+    def ranks(x: list[float]) -> torch.Tensor:
+        t = torch.tensor(x, dtype=torch.float64)
+        order = t.argsort()
+        r = torch.empty_like(t)
+        r[order] = torch.arange(len(x), dtype=torch.float64)
+        for v in t.unique():  # average the ranks of ties
+            tie = t == v
+            r[tie] = r[tie].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def flat(s: Sensitivity) -> list[float]:
+    return [c for layer in s.kl for role in layer for c in role]
+
+
+def compare(model_name: str, budgets: tuple[float, ...] = (3.25, 4.25), length: int = 2048, stride: int = 512,
+            cfg: CalibrationConfig = CalibrationConfig(), say: Any = print) -> dict[str, Any]:
+    """Both measures on the same windows; what they cost and whether they agree."""
+    model, tok = load_model_and_tokenizer(model_name, device="cpu")
+    ids = corpora.tokenize(tok, corpora.load_corpus(corpora.EMBEDDED))
+    context = length - stride - 1
+    codecs = resolve_candidates(cfg.candidates)
+    out: dict[str, Any] = {"model": model_name, "candidates": [c.name for c in codecs], "context": context,
+                           "targets": cfg.targets, "windows": cfg.windows}
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="kvlib-sensitivity-") as tmp:
+        windows = [calibration_window(model, ids, i * length, length, cfg.targets, context) for i in range(cfg.windows)]
+        ts, _ = cache_transforms(codecs, Path(tmp), model_name)
+        runs = {}
+        for measure in ("full", "fast"):
+            say(f"{measure} measure...")
+            t0 = time.perf_counter()
+            runs[measure] = measure_sensitivity(model, windows, codecs, ts, "embedded", measure=measure)
+            out[f"{measure}_s"] = time.perf_counter() - t0
+            out[f"{measure}_forwards"] = runs[measure].forwards
+    full, fast = runs["full"], runs["fast"]
+    out.update(entries=len(flat(full)), spearman=spearman(flat(full), flat(fast)),
+               head_tokens=fast.head_tokens, head_tail=fast.head_tail, full=full.to_dict(), fast=fast.to_dict())
+    out["allocations"] = []
+    for b in budgets:
+        a, f = allocate(full, b), allocate(fast, b)
+        out["allocations"].append({"budget": b, "same": a.choice == f.choice, "full_spec": a.spec, "fast_spec": f.spec,
+                                   "full_bits": a.bits, "fast_bits": f.bits,
+                                   "slots_differing": sum(x != y for x, y in zip(sum(map(list, a.choice), []),
+                                                                                  sum(map(list, f.choice), [])))})
+    return out
+
+
+def print_comparison(r: dict[str, Any]) -> None:
+    print(f"{r['model']}: {len(r['candidates'])} candidates, {r['windows']} windows, contexts of {r['context']} tokens, "
+          f"{r['targets']} targets each")
+    print(f"  full measure: {r['full_forwards']:5d} forwards, {r['full_s']:8.1f} s")
+    print(f"  fast measure: {r['fast_forwards']:5d} forwards, {r['fast_s']:8.1f} s  (the LM head on {r['head_tokens']} "
+          f"tokens holding {100 * (1 - r['head_tail']):.2f} % of the exact probability)")
+    print(f"  fast / full: forwards {r['fast_forwards'] / r['full_forwards']:.3f}, time {r['fast_s'] / r['full_s']:.3f}")
+    print(f"  Spearman over {r['entries']} (layer, role, candidate) costs: {r['spearman']:.4f}")
+    for a in r["allocations"]:
+        print(f"  budget {a['budget']:g}: {'the same allocation' if a['same'] else 'DIFFERENT allocations'} "
+              f"({a['slots_differing']} slots differ; {a['full_bits']:.3f} and {a['fast_bits']:.3f} bits)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvlib.runs.sensitivity_check", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--calibration", default="", help="windows=, targets=, candidates= (the sweep's form)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    try:
+        r = compare(a.model, cfg=CalibrationConfig.from_string(a.calibration))
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        print(f"sensitivity-check: error: {e}", file=sys.stderr)
+        return 2
+    print_comparison(r)
+    if a.json:
+        Path(a.json).write_text(json.dumps(r, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
