@@ -266,6 +266,16 @@ def measure_mix(model: Any, windows: list[CalibrationWindow], mix: CodecConfig, 
     return total / sum(w.logp.shape[0] for w in windows)
 
 
+def role_labels(names: list[str], candidates: list[str], role: int) -> list[str]:
+    """Each candidate as the role's own scheme (a preset keeps its name): 'asym2/g128/channel' for
+    the keys of k=asym2/g128/channel,v=asym2/g128."""
+    out = []
+    for name, spec in zip(names, candidates):
+        c = resolve_codec(spec)
+        out.append(name if "=" not in name else (c.key if role == 0 else c.value).spec)
+    return out
+
+
 def resolve_candidates(names: tuple[str, ...]) -> list[CodecConfig]:
     """The candidates as codecs; each must be one scheme per role, without overrides or the lossless stage."""
     out = [resolve_codec(n) for n in names]

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from kvlib.budget.sensitivity import role_labels
 from kvlib.report.common import Figure, fmt
 from kvlib.runs.sweep import MIX_PREFIX, SweepResult
 
@@ -38,7 +39,7 @@ def plot_sensitivity(result: SweepResult | dict[str, Any]) -> Figure | None:
     lo, hi = np.nanmin(vals), np.nanmax(vals)
     for r, ax in enumerate(axes):
         im = ax.imshow(vals[:, r, :], aspect="auto", cmap="magma_r", vmin=lo, vmax=hi, interpolation="nearest")
-        ax.set_xticks(range(nc), names, rotation=30, ha="right")
+        ax.set_xticks(range(nc), role_labels(sens["names"], sens["candidates"], r), rotation=30, ha="right")
         ax.set_title(f"{ROLE_NAMES[r]}: only this slot compressed")
         ax.set_xlabel("candidate")
     axes[0].set_ylabel("layer")

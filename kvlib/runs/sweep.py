@@ -25,7 +25,7 @@ import torch
 from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
 from kvlib.budget.scales import calibrated_scales
 from kvlib.runs.engines import engine_tables, print_engine_tables
-from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates
+from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates, role_labels
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.codec.metrics import CompressionMetrics, pool_tensors
@@ -550,10 +550,13 @@ def print_budget(b: dict[str, Any], stored: dict[str, float] | None = None) -> N
     sens = b["sensitivity"]
     names = sens["names"]
     print(f"  SENSITIVITY  KL(exact || one slot compressed), nats/token, on {sens['calibration']}")
-    print("  layer  " + "  ".join(f"{'K ' + n:>11s}" for n in names) + "   " + "  ".join(f"{'V ' + n:>11s}" for n in names))
+    labels = [role_labels(names, sens["candidates"], r) for r in range(2)]
+    w = max(11, *(len(n) + 2 for role in labels for n in role))
+    print("  layer  " + "  ".join(f"{'K ' + n:>{w}s}" for n in labels[0]) + "   "
+          + "  ".join(f"{'V ' + n:>{w}s}" for n in labels[1]))
     for layer, roles in enumerate(sens["kl"]):
-        print(f"  {layer:5d}  " + "  ".join(f"{v:11.5f}" for v in roles[0]) + "   "
-              + "  ".join(f"{v:11.5f}" for v in roles[1]))
+        print(f"  {layer:5d}  " + "  ".join(f"{v:{w}.5f}" for v in roles[0]) + "   "
+              + "  ".join(f"{v:{w}.5f}" for v in roles[1]))
     for m in b["mixes"]:
         kept = (stored or {}).get(f"{MIX_PREFIX}{m['budget']:g}")
         on_eval = f", {kept:.3f} stored on the evaluation windows" if kept is not None else ""
