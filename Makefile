@@ -65,7 +65,7 @@ BUILD       := build
 RUN_ENV     := $(if $(RESULTS),KVLIB_RESULTS=$(abspath $(RESULTS))) $(if $(FRESH),KVLIB_FRESH=1) $(if $(RAY),KVLIB_RAY=1)
 PAPERMILL   := $(RUN_ENV) TQDM_DISABLE=1 $(PY) -m papermill
 
-.PHONY: setup build-compress test test-go test-py test-notebooks test-docs docs report sweep zoo lab bench bench-gpu peer-llamacpp ruler peer-kvpress clean lock
+.PHONY: setup build-compress test test-go test-py test-notebooks test-docs docs report sweep zoo lab bench bench-gpu peer-llamacpp ruler peer-kvpress sensitivity-check clean lock
 
 setup: $(STAMP) $(CLI)
 
@@ -224,6 +224,12 @@ peer-kvpress: setup
 	  (rm -rf $(KVPRESS_VENV); echo "peer-kvpress: error: the side venv could not be built" >&2; exit 2)
 	mkdir -p $(REPORTS)
 	$(PY) -m kvlib.runs.kvpress_check --python $(KVPRESS_VENV)/bin/python --json $(REPORTS)/kvpress_check.json
+
+# The budget's fast sensitivity measure against the full one on MODEL, in one run: forwards, seconds,
+# Spearman over every (layer, role, candidate) and the mixes each allots at 3.25 and 4.25 bits.
+sensitivity-check: setup
+	mkdir -p $(REPORTS)
+	$(PY) -m kvlib.runs.sensitivity_check --model $(MODEL) --json $(REPORTS)/sensitivity_check.json
 
 # Re-pin requirements.lock from the current environment.
 lock:
