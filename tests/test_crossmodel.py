@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from kvlib.runs import crossmodel
 from kvlib.report import crossmodel as crossmodel_report
 from kvlib.report.common import fmt
-from kvlib.runs.crossmodel import _spearman
+from kvlib.scoring.stats import spearman as _spearman
 
 
 @pytest.fixture(scope="module")

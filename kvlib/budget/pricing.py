@@ -3,11 +3,13 @@
 ``full``: one forward of the suffix per (slot, candidate), the whole vocabulary scored: the
 definition. ``fast``: one forward per layer, its keys' and values' variants under every candidate
 stacked on the batch axis (the layers before it replayed once for all), and the LM head applied to
-the exact run's top tokens only. The rest of the vocabulary is one bucket whose unnormalised mass
-is held at its exact value, so each target's cost is the KL between the exact and the variant's
-distributions coarsened to (top tokens, the rest): a lower bound of the full KL that differs from
-it by what the tail's own reshuffling costs. On a 262,144-token vocabulary the head is most of a
-forward; ``make bench`` and docs/mixed-precision.md compare the two measures' ranking and cost.
+the exact run's top tokens only. The rest of the vocabulary is one bucket: its log-mass moves by
+its p-weighted mean logit shift, which for a linear head is the hidden state's change along the
+p-weighted mean of the rest's head rows (exact when every logit shifts alike; to first order
+otherwise). Each target's cost is the KL between the exact and the variant's distributions over
+(top tokens, the rest): it leaves out how the rest reshuffles within itself. On a 262,144-token
+vocabulary the head is most of a forward; ``make sensitivity-check`` compares the two measures'
+ranking, allocations and cost.
 """
 
 from __future__ import annotations

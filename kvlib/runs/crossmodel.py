@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from kvlib.models import corpus
 from kvlib.models.sources import resolve_model
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.gates import PPL_DELTA_THRESHOLD
+from kvlib.scoring.stats import spearman
 from kvlib.runs.sweep import run_sweep, write_json
 
 ZOO_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
@@ -107,35 +107,15 @@ def points(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties); NaN below 3 finite pairs."""
-    pairs = [(a, b) for a, b in zip(x, y) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
-    if len(pairs) < 3:
-        return math.nan
-
-    def ranks(v: np.ndarray) -> np.ndarray:
-        order = v.argsort(kind="stable")
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v), dtype=float)
-        for val in np.unique(v):  # ties share their mean rank
-            r[v == val] = r[v == val].mean()
-        return r
-
-    a, b = ranks(np.array([p[0] for p in pairs])), ranks(np.array([p[1] for p in pairs]))
-    if a.std() == 0 or b.std() == 0:
-        return math.nan
-    return float(np.corrcoef(a, b)[0, 1])
-
-
 def snr_correlation(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Does SNR predict the damage? Rank correlation of key/value SNR with KLD, pooled over
     every (model, scheme) and within each model. KLD, not delta: it is never negative and
     does not saturate at the noise floor. A good predictor gives strongly negative values."""
     out: dict[str, Any] = {"pooled": {}, "per_model": {}}
     for role in ("key_snr", "value_snr"):
-        out["pooled"][role] = _spearman([r[role] for r in rows], [r["kld"] for r in rows])
+        out["pooled"][role] = spearman([r[role] for r in rows], [r["kld"] for r in rows])
     for m in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == m]
-        out["per_model"][m] = {role: _spearman([r[role] for r in mine], [r["kld"] for r in mine])
+        out["per_model"][m] = {role: spearman([r[role] for r in mine], [r["kld"] for r in mine])
                                for role in ("key_snr", "value_snr")}
     return out

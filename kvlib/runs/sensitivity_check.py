@@ -24,22 +24,8 @@ from kvlib.budget.pricing import measure_sensitivity
 from kvlib.budget.sensitivity import CalibrationConfig, Sensitivity, calibration_window, resolve_candidates
 from kvlib.models import corpus as corpora
 from kvlib.models.sources import load_model_and_tokenizer
+from kvlib.scoring.stats import spearman
 from kvlib.transforms.codec import cache_transforms
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (ties take their mean rank)."""
-    def ranks(x: list[float]) -> torch.Tensor:
-        t = torch.tensor(x, dtype=torch.float64)
-        order = t.argsort()
-        r = torch.empty_like(t)
-        r[order] = torch.arange(len(x), dtype=torch.float64)
-        for v in t.unique():  # average the ranks of ties
-            tie = t == v
-            r[tie] = r[tie].mean()
-        return r
-    ra, rb = ranks(a), ranks(b)
-    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
 
 
 def flat(s: Sensitivity) -> list[float]:

@@ -56,3 +56,23 @@ class KLDSummary:
         if v.size == 0:
             return cls(math.nan, math.nan, math.nan, 0)
         return cls(float(v.mean()), float(np.median(v)), float(np.quantile(v, 0.99)), int(v.size))
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN below 3 finite pairs."""
+    pairs = [(a, b) for a, b in zip(x, y) if a is not None and b is not None and math.isfinite(a) and math.isfinite(b)]
+    if len(pairs) < 3:
+        return math.nan
+
+    def ranks(v: np.ndarray) -> np.ndarray:
+        order = v.argsort(kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for val in np.unique(v):  # ties share their mean rank
+            r[v == val] = r[v == val].mean()
+        return r
+
+    a, b = ranks(np.array([p[0] for p in pairs])), ranks(np.array([p[1] for p in pairs]))
+    if a.std() == 0 or b.std() == 0:
+        return math.nan
+    return float(np.corrcoef(a, b)[0, 1])
