@@ -40,6 +40,8 @@ CALIBRATION ?=
 ZOO_MODELS  ?= smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b
 ZOO_SCHEMES ?= int4,kivi4,rot4,q4_0,q8_0
 ZOO_WINDOWS ?= 8
+# make zoo BUDGET=3.25 adds each model's own mix@3.25; make sweep's default budget does not reach the zoo.
+ZOO_BUDGET  := $(if $(filter command line environment,$(origin BUDGET)),$(BUDGET),)
 # Beyond perplexity (empty: the notebook's defaults). RETRIEVAL=False / GENERATION=False skip a check.
 RETRIEVAL          ?=
 RETRIEVAL_LENGTHS  ?=
@@ -166,7 +168,7 @@ zoo: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/zoo.ipynb $(BUILD)/executed/zoo.ipynb -k kvlib -r models "$(ZOO_MODELS)" \
 	  -r schemes "$(ZOO_SCHEMES)" -p peers $(PEERS) -p corpus $(CORPUS) -p max_windows $(ZOO_WINDOWS) -p stride $(STRIDE) \
-	  -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS)
+	  -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) -r budget "$(ZOO_BUDGET)"
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/zoo.ipynb
 	@echo "Zoo: $(CURDIR)/$(REPORTS)/zoo.html (results: $(REPORTS)/zoo.json)"
 

@@ -32,7 +32,7 @@ def result(tmp_path_factory, tiny_tokenizer, cli):
         dirs.append(str(d))
     corpus = word_corpus(tmp_path_factory.mktemp("corpus") / "words.txt", 900, seed=2)
     r = crossmodel.run_models(dirs, ["q8_0", "int4", "kivi2"], corpus_name=str(corpus), max_windows=3, stride=64,
-                              context_length=160, peers=False, verbose=False)
+                              context_length=160, peers=False, verbose=False, budget="4.25")
     out = tmp_path_factory.mktemp("zoo") / "zoo.json"
     r.to_json(out)
     return r, json.loads(out.read_text()), dirs
@@ -53,7 +53,11 @@ def test_delta_table_equals_the_json(result):
     headers, rows = crossmodel_report.delta_rows(d)
     assert headers == ["scheme", "bits/elem", *dirs]
     by = {(sw["model_spec"], s["name"]): s for sw in d["sweeps"] for s in sw["schemes"]}
-    assert [row[0] for row in rows] == ["q8_0", "int4", "kivi2"]
+    assert [row[0] for row in rows] == ["q8_0", "int4", "kivi2", "mix@4.25"]
+    assert rows[-1][1] == "≤ 4.25"  # each model plans its own mix: the bits are in its cell
+    for m, cell in zip(dirs, rows[-1][2:]):
+        assert f"{by[(m, 'mix@4.25')]['bits_per_element']:.3f} bits stored" in cell
+        assert by[(m, "mix@4.25")]["bits_per_element"] <= 4.25
     for row in rows:
         for m, cell in zip(dirs, row[2:]):
             s = by[(m, row[0])]

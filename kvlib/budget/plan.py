@@ -61,17 +61,19 @@ class BudgetResult:
 
 
 def calibration_tokens(cfg: CalibrationConfig, eval_corpus: corpora.Corpus, eval_ids: torch.Tensor, tokenizer: Any,
-                       length: int, stride: int, max_windows: int | None) -> Calibration:
-    """Calibration windows that never overlap the evaluated ones: the embedded corpus when another
-    is evaluated ("auto"), a named corpus, or else the evaluated corpus's tokens after its last
-    evaluated window (ValueError when there are not enough)."""
+                       length: int, stride: int, max_windows: int | None,
+                       evaluated_length: int | None = None) -> Calibration:
+    """Calibration windows of ``length`` tokens that never overlap the evaluated ones (windows of
+    ``evaluated_length``, default ``length``): the embedded corpus when another is evaluated
+    ("auto"), a named corpus, or else the evaluated corpus's tokens after its last evaluated window
+    (ValueError when there are not enough)."""
     if cfg.corpus == "auto":
         text = corpora.load_corpus(corpora.EMBEDDED) if eval_corpus.name != corpora.EMBEDDED_NAME else eval_corpus
     else:
         text = corpora.load_corpus(cfg.corpus)
     same = text.name == eval_corpus.name
     ids = eval_ids if same else corpora.tokenize(tokenizer, text)
-    first = plan_windows(eval_ids.shape[1], length, stride, max_windows)[-1].end if same else 0
+    first = plan_windows(eval_ids.shape[1], evaluated_length or length, stride, max_windows)[-1].end if same else 0
     starts = [first + i * length for i in range(cfg.windows)]
     if starts[-1] + length > ids.shape[1]:
         where = f"after the evaluated windows (token {first})" if same else ""

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from kvlib.runs.crossmodel import CrossModelResult, points, snr_correlation
+from kvlib.runs.sweep import MIX_PREFIX
 from kvlib.gates import CI_LEVEL
 from kvlib.report.common import Figure, fmt
 from kvlib.report.common import timing_table as _timing_table
@@ -54,13 +55,14 @@ def geometry_table(result: CrossModelResult | dict[str, Any]):
                   geometry_rows(result), wrap=(1, 5))
 
 
-def _cell(p: dict[str, Any] | None) -> str:
+def _cell(p: dict[str, Any] | None, with_bits: bool = False) -> str:
     if p is None:
         return "–"
     color = "#1a7f37" if p["robust"] else ("#9a6700" if p["passed"] else "#cf222e")
+    bits = f' · {fmt(p["bits"], ".3f")} bits stored' if with_bits else ""
     return (f'<span style="color:{color};font-weight:600">{fmt(p["delta"], "+.3f")}</span>'
             f'<br><span style="color:#57606a;font-size:11px">[{fmt(p["ci_low"], "+.3f")}, {fmt(p["ci_high"], "+.3f")}]'
-            f' KLD {fmt(p["kld"], ".4f")} · top-1 {fmt(p["top1"], ".1f")} %</span>')
+            f' KLD {fmt(p["kld"], ".4f")} · top-1 {fmt(p["top1"], ".1f")} %{bits}</span>')
 
 
 def delta_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -72,7 +74,9 @@ def delta_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], li
                                   *(p["scheme"] for p in pts)]))  # as asked, then the peer's rows
     by = {(p["model"], p["scheme"]): p for p in pts}
     bits = {p["scheme"]: p["bits"] for p in pts}
-    rows = [[html.escape(s), fmt(bits[s], ".2f")] + [_cell(by.get((m, s))) for m in models] for s in schemes]
+    # a mix is planned per model, so its bits are each cell's; the column says what was asked
+    rows = [[html.escape(s), f"≤ {s[len(MIX_PREFIX):]}" if s.startswith(MIX_PREFIX) else fmt(bits[s], ".2f")]
+            + [_cell(by.get((m, s)), s.startswith(MIX_PREFIX)) for m in models] for s in schemes]
     return ["scheme", "bits/elem", *models], rows
 
 

@@ -20,7 +20,8 @@ from kvlib.models.sources import resolve_model
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.gates import PPL_DELTA_THRESHOLD
 from kvlib.scoring.stats import spearman
-from kvlib.runs.sweep import run_sweep, write_json
+from kvlib.budget.plan import parse_budgets
+from kvlib.runs.sweep import MIX_PREFIX, run_sweep, write_json
 
 ZOO_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 ZOO_SCHEMES = ("int4", "kivi4", "rot4", "q4_0", "q8_0")
@@ -66,8 +67,11 @@ class CrossModelResult:
 def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: list[str] | tuple[str, ...] = ZOO_SCHEMES,
                corpus_name: str = corpus.EMBEDDED, max_windows: int | None = 8, stride: int = 512,
                peers: bool = True, threshold: float = PPL_DELTA_THRESHOLD, device: str | None = None,
-               dtype: str | None = None, context_length: int | None = None, verbose: bool = True) -> CrossModelResult:
-    """Sweep ``schemes`` on every model in turn (a zoo model is fetched first)."""
+               dtype: str | None = None, context_length: int | None = None, verbose: bool = True,
+               budget: str | list[float] | None = None) -> CrossModelResult:
+    """Sweep ``schemes`` on every model in turn (a zoo model is fetched first); ``budget`` (bits per
+    element, one or a list) adds each model's own mix@BUDGET, planned on that model."""
+    budgets = budget if isinstance(budget, list) else parse_budgets(budget)
     if not model_names:
         raise ValueError("no models to compare")
     for m in model_names:  # a bad name or path fails before the first long sweep; zoo models are fetched now
@@ -80,14 +84,15 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
         t = time.perf_counter()
         r = run_sweep(list(schemes), model=m, corpus_name=corpus_name, device=device, dtype=dtype,
                       threshold=threshold, stride=stride, max_windows=max_windows, context_length=context_length,
-                      peers=peers, verbose=verbose, progress=verbose, checks=DecodingChecks())
+                      peers=peers, verbose=verbose, progress=verbose, checks=DecodingChecks(), budget=budgets)
         d = r.to_dict()
         d["model_spec"] = m
         sweeps.append(d)
         seconds[f"{m}_s"] = time.perf_counter() - t
         del r
         gc.collect()
-    return CrossModelResult(list(model_names), list(schemes), corpus.load_corpus(corpus_name).name, max_windows,
+    mixes = [f"{MIX_PREFIX}{b:g}" for b in budgets]
+    return CrossModelResult(list(model_names), list(schemes) + mixes, corpus.load_corpus(corpus_name).name, max_windows,
                             stride, threshold, sweeps, {"total_s": time.perf_counter() - t0, **seconds})
 
 

@@ -438,11 +438,14 @@ def _add_mixes(run: RunSetup, resolved: list[CodecConfig], cal_cfg: CalibrationC
     contexts are as long as the evaluated windows' compressed contexts, so the budget is met on
     the layout evaluated (a sliding layer and a global one hold what they hold there)."""
     p = run.params
-    cal = calibration_tokens(cal_cfg, run.text, run.ids, run.tokenizer, run.context_length, p.stride, p.max_windows)
     evaluated = plan_windows(run.ids.shape[1], run.context_length, p.stride, p.max_windows)
     context = max(w.context_tokens for w in evaluated) if mode == "prefix" else None
+    # a calibration window holds that context and its targets (more than a window at a small stride)
+    span = max(run.context_length, (context or 0) + cal_cfg.targets + 1)
+    cal = calibration_tokens(cal_cfg, run.text, run.ids, run.tokenizer, span, p.stride, p.max_windows,
+                             evaluated_length=run.context_length)
     with tempfile.TemporaryDirectory(prefix="kvlib-budget-") as tmp:
-        found, planned = plan_mixes(run.load, cal_cfg, budgets, cal, run.context_length, workdir or tmp, run.name,
+        found, planned = plan_mixes(run.load, cal_cfg, budgets, cal, span, workdir or tmp, run.name,
                                     run.store, run.identity, run.say, progress, context or None)
     mixes = {m.name: f"{MIX_PREFIX}{b:g}" for m, b in zip(found, budgets)}
     resolved = resolved + [m for m in dict.fromkeys(found) if m.name not in {c.name for c in resolved}]
