@@ -23,6 +23,7 @@ from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
+from kvlib.gates import MIN_CI_UNITS
 from kvlib.runs.sweep import default_schemes, engine_schemes, run_sweep, write_json
 from kvlib.runs.knobs import cheapest_setting, print_search
 from kvlib.runs.ruler import print_ruler, run_ruler_suite
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         print(zoo.format_models(zoo.list_models()))
         return 0
     try:
+        if args.knobs:
+            return search_knobs(args)
         specs = list(args.scheme or [])
         if args.schemes:
             specs += default_schemes() if args.schemes == "all" else split_schemes(args.schemes)
@@ -192,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
         calibration = CalibrationConfig.from_string(args.calibration)
         if (budgets or args.sensitivity) and args.quick_test:
             raise ValueError("--budget and --sensitivity need a model: they do not run with --quick-test")
-        if args.knobs:
-            return search_knobs(args)
         if budgets and not specs:
             codecs = [resolve_codec(x) for x in similar_presets(budgets)]
         if len(codecs) > 1 or budgets or args.sensitivity:
@@ -232,6 +233,12 @@ def search_knobs(args: argparse.Namespace) -> int:
     """--engine E --knobs: the cheapest setting of E's knobs that passes robustly, in write mode."""
     if not args.engine or args.quick_test:
         raise ValueError("--knobs needs --engine (whose knobs) and a model (not --quick-test)")
+    if args.max_windows is not None and args.max_windows < MIN_CI_UNITS:
+        raise ValueError(f"--knobs stops at the first robust pass, which needs a CI: give --max-windows "
+                         f"{MIN_CI_UNITS} or more")
+    check_parameters(args.threshold, args.stride, args.max_windows, args.context_length)
+    if args.json:
+        check_output_path(args.json)
 
     def sweep(specs: list[str]) -> Any:
         return run_sweep(specs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,

@@ -55,3 +55,29 @@ def test_cli_knobs_needs_an_engine(capsys):
 
     assert main(["--knobs"]) == 2
     assert "--knobs needs --engine" in capsys.readouterr().err
+
+
+def test_cli_runs_the_search_in_write_mode_and_prints_the_flags(tiny_dir, tmp_path, monkeypatch, capsys):
+    """End to end on the tiny model: a two-setting engine whose cheaper setting fails and whose f16
+    passes exactly; the JSON names the flags, and the costlier level ran only because the first failed."""
+    import json
+
+    from kvlib.cli import main
+    from kvlib.runs import knobs
+
+    class Two:
+        def settings(self):
+            return [knobs.Setting("llama.cpp:q4_0/norot", "-ctk q4_0 -ctv q4_0", 4.5),
+                    knobs.Setting("llama.cpp:f16", "-ctk f16 -ctv f16", 16.0)]
+
+    monkeypatch.setitem(knobs.KNOBS, "tiny-engine", Two)
+    out = tmp_path / "knobs.json"
+    argv = ["--model", str(tiny_dir / "model"), "--corpus", str(tiny_dir / "corpus.txt"), "--context-length", "96",
+            "--stride", "32", "--max-windows", "6", "--engine", "tiny-engine", "--knobs", "--results", str(tmp_path / "r"),
+            "--threshold", "1e-9", "--json", str(out)]
+    assert main(argv) == 0
+    d = json.loads(out.read_text())
+    assert d["mode"] == "write" and [r["flags"] for r in d["rows"]] == ["-ctk q4_0 -ctv q4_0", "-ctk f16 -ctv f16"]
+    assert not d["rows"][0]["robust"] and d["cheapest"]["flags"] == "-ctk f16 -ctv f16"
+    assert "cheapest that passes robustly: -ctk f16 -ctv f16" in capsys.readouterr().out
+    assert main(argv[:-6] + ["--max-windows", "3", "--knobs"]) == 2  # no CI below 5 windows: refused up front
