@@ -63,33 +63,58 @@ class FastPricer:
         self.forwards = 0
         self.vocab = 0  # tokens scored per target, the last window's
         self.tail = 0.0  # the exact probability outside them, mean over targets, the last window's
-        self._tokens: torch.Tensor | None = None
-        self._pz: torch.Tensor | None = None  # sum over the tokens of p * exact logit, per target
 
     def prepare(self, model: Any, w: CalibrationWindow) -> None:
-        """The window's scored tokens (the union of each target's top ones) and the exact run's terms."""
+        """The window's scored tokens (the union of each target's top ones), their exact
+        probabilities, the rest's mass, and the exact run's hidden states and logits through the
+        same head (so a variant's change is a difference of like with like)."""
         tokens = torch.unique(w.logp.topk(min(self.top, w.logp.shape[-1]), dim=-1).indices)
-        p = w.p[:, tokens]
+        rest = w.p.double()
+        self._p = rest[:, tokens].clone()  # [targets, tokens]
+        rest[:, tokens] = 0
+        self._mass = rest.sum(-1)  # [targets] the exact probability outside the tokens
         self._tokens = tokens
-        self._pz = (p * (w.logp[:, tokens] + w.lse[:, None])).sum(-1)
-        self._p = p
-        self._log_rest = torch.log1p(-p.sum(-1).clamp(max=1 - 1e-7)) + w.lse  # log of the rest's exact mass
+        head = model.get_output_embeddings()
+        text = model.config.get_text_config(decoder=True)
+        # A linear head (no soft-capping after it): a logit's change is its row times the hidden
+        # state's change, and the rest's mean change is the p-weighted mean of its rows times it.
+        self._linear = getattr(text, "final_logit_softcapping", None) is None
+        self._weight = head.weight[tokens].float()
+        self._rows = (rest.float() @ head.weight.float()) if self._linear else None  # [targets, hidden]
+        self._hidden, self._z = self._forward(model, w, cache_layers(w.context), 1, 0)
         self.vocab = int(tokens.numel())
-        self.tail = float(1 - p.sum(-1).mean())
+        self.tail = float(self._mass.mean())
+
+    def _forward(self, model: Any, w: CalibrationWindow, layers: list[KV], b: int, first: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The suffix's final hidden states and logits on the tokens, ``b`` caches at once."""
+        cache = make_cache(layers, layout_of(w.context))
+        dec = decoder_layers(model, len(layers)) if first > 0 and w.layer_outputs else None
+        hidden: list[torch.Tensor] = []
+        with _head_on(model, self._tokens, hidden), (_replaying(dec, w.layer_outputs, first, b) if dec is not None
+                                                     else _nothing()):
+            z = model(input_ids=w.suffix.expand(b, -1), past_key_values=cache, use_cache=True).logits[:, :-1]
+        return hidden[0][:, :-1].float(), z.float()
 
     def price(self, model: Any, w: CalibrationWindow, exact: list[KV], layer: int, variants: list[KV]) -> list[float]:
         b = len(variants)
         layers = [(k.expand(b, *k.shape[1:]), v.expand(b, *v.shape[1:])) for k, v in exact]
         layers[layer] = (torch.cat([k for k, _ in variants]), torch.cat([v for _, v in variants]))
-        cache = make_cache(layers, layout_of(w.context))
-        dec = decoder_layers(model, len(exact)) if layer > 0 and w.layer_outputs else None
-        with _head_on(model, self._tokens), (_replaying(dec, w.layer_outputs, layer, b) if dec is not None
-                                             else _nothing()):
-            z = model(input_ids=w.suffix.expand(b, -1), past_key_values=cache, use_cache=True).logits[:, :-1].float()
+        h, z = self._forward(model, w, layers, b, layer)
         self.forwards += 1
-        denom = torch.logaddexp(torch.logsumexp(z, dim=-1), self._log_rest)  # [b, targets]
-        kl = self._pz - (self._p * z).sum(-1) + (denom - w.lse)
-        return [float(x) for x in kl.clamp_min(0).double().mean(-1)]
+        if self._linear:  # differences first: their rounding scales with the change, not the logit
+            dh = self._hidden - h  # [b, targets, hidden]
+            d = (dh @ self._weight.T).double()  # exact logit minus the variant's, on the tokens
+            shift = -(dh * self._rows).sum(-1).double() / self._mass.clamp_min(1e-30)  # the rest's mean logit change
+            shift = torch.where(self._mass > 1e-12, shift, torch.zeros_like(shift))
+        else:
+            d = (self._z - z).double()
+            shift = torch.zeros(d.shape[:-1], dtype=torch.float64)
+        # KL over (tokens, the rest) with p the exact probabilities, in terms of the changes alone:
+        # sum p d - mass * shift + log(sum p e^-d + mass e^shift), and sum p + mass = 1.
+        kl = ((self._p * d).sum(-1) - self._mass * shift
+              + torch.log1p((self._p * torch.expm1(-d)).sum(-1) + self._mass * torch.expm1(shift)))
+        return [float(x) for x in kl.clamp_min(0).mean(-1)]
 
 
 PRICERS: dict[str, Callable[[], Any]] = {"full": FullPricer, "fast": FastPricer}
@@ -101,9 +126,9 @@ def _nothing() -> Iterator[None]:
 
 
 @contextmanager
-def _head_on(model: Any, tokens: torch.Tensor) -> Iterator[None]:
+def _head_on(model: Any, tokens: torch.Tensor, hidden: list[torch.Tensor]) -> Iterator[None]:
     """The model's LM head computes the logits of ``tokens`` only (what follows it in the model,
-    as Gemma's soft-capping, is element-wise and applies unchanged)."""
+    as Gemma 2's soft-capping, is element-wise and applies unchanged); its input goes to ``hidden``."""
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
         raise ValueError(f"the fast sensitivity measure needs a linear LM head, not {type(head).__name__}: "
@@ -111,7 +136,7 @@ def _head_on(model: Any, tokens: torch.Tensor) -> Iterator[None]:
     weight = head.weight[tokens]
     bias = head.bias[tokens] if head.bias is not None else None
     own = head.__dict__.get("forward")
-    head.forward = lambda h: F.linear(h, weight, bias)
+    head.forward = lambda h: (hidden.append(h), F.linear(h, weight, bias))[1]
     try:
         yield
     finally:
