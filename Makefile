@@ -228,7 +228,7 @@ peer-kvpress: setup
 	$(PY) -m kvlib.runs.kvpress_check --python $(KVPRESS_VENV)/bin/python --json $(REPORTS)/kvpress_check.json
 
 # The budget's fast sensitivity measure against the full one on MODEL, in one run: forwards, seconds,
-# Spearman over every (layer, role, candidate) and the mixes each allots at 3.25 and 4.25 bits.
+# Spearman over every (layer, role, candidate) and the mixes each allots at 2.5, 3.25 and 4.25 bits.
 sensitivity-check: setup
 	mkdir -p $(REPORTS)
 	$(PY) -m kvlib.runs.sensitivity_check --model $(MODEL) --json $(REPORTS)/sensitivity_check.json

@@ -32,7 +32,7 @@ def flat(s: Sensitivity) -> list[float]:
     return [c for layer in s.kl for role in layer for c in role]
 
 
-def compare(model_name: str, budgets: tuple[float, ...] = (3.25, 4.25), length: int = 2048, stride: int = 512,
+def compare(model_name: str, budgets: tuple[float, ...] = (2.5, 3.25, 4.25), length: int = 2048, stride: int = 512,
             cfg: CalibrationConfig = CalibrationConfig(), say: Any = print) -> dict[str, Any]:
     """Both measures on the same windows; what they cost and whether they agree."""
     model, tok = load_model_and_tokenizer(model_name, device="cpu")
