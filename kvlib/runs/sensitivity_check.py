@@ -56,7 +56,11 @@ def compare(model_name: str, budgets: tuple[float, ...] = (2.5, 3.25, 4.25), len
                head_tokens=fast.head_tokens, head_tail=fast.head_tail, full=full.to_dict(), fast=fast.to_dict())
     out["allocations"] = []
     for b in budgets:
-        a, f = allocate(full, b), allocate(fast, b)
+        try:
+            a, f = allocate(full, b), allocate(fast, b)
+        except ValueError as e:  # below the cheapest candidates: no allocation to compare
+            out["allocations"].append({"budget": b, "error": str(e)})
+            continue
         out["allocations"].append({"budget": b, "same": a.choice == f.choice, "full_spec": a.spec, "fast_spec": f.spec,
                                    "full_bits": a.bits, "fast_bits": f.bits,
                                    "slots_differing": sum(x != y for x, y in zip(sum(map(list, a.choice), []),
@@ -73,6 +77,9 @@ def print_comparison(r: dict[str, Any]) -> None:
     print(f"  fast / full: forwards {r['fast_forwards'] / r['full_forwards']:.3f}, time {r['fast_s'] / r['full_s']:.3f}")
     print(f"  Spearman over {r['entries']} (layer, role, candidate) costs: {r['spearman']:.4f}")
     for a in r["allocations"]:
+        if "error" in a:
+            print(f"  budget {a['budget']:g}: {a['error']}")
+            continue
         print(f"  budget {a['budget']:g}: {'the same allocation' if a['same'] else 'DIFFERENT allocations'} "
               f"({a['slots_differing']} slots differ; {a['full_bits']:.3f} and {a['fast_bits']:.3f} bits)")
 
