@@ -39,17 +39,13 @@ class LlamaCppTypes:
     def settings(self) -> list[Setting]:
         menu = engine_menu(self.engine)
         types = [(r["format"], r["name"], r["key_bits_per_element"]) for r in menu]
-        out = []
+        pairs = []
         for (kf, kname, kbits), (vf, vname, vbits) in itertools.product(types, types):
             spec = kname if kname == vname else f"k={kname},v={vname}"
-            out.append(Setting(spec, f"-ctk {kf} -ctv {vf}", (kbits + vbits) / 2))
+            pairs.append((Setting(spec, f"-ctk {kf} -ctv {vf}", (kbits + vbits) / 2), kbits))
         # fewer bits first; at equal bits the pair with the finer keys (keys cost more than values
         # on every model measured), then the engine's own order
-        return sorted(out, key=lambda s: (s.bits, -_key_bits(s, types)))
-
-
-def _key_bits(s: Setting, types: list[tuple[str, str, float]]) -> float:
-    return next(b for f, _, b in types if s.flags.split()[1] == f)
+        return [st for st, _ in sorted(pairs, key=lambda p: (p[0].bits, -p[1]))]
 
 
 KNOBS: dict[str, Callable[[], Any]] = {"llama.cpp": LlamaCppTypes}
