@@ -114,16 +114,17 @@ test-py: setup
 # papermill. Two nbval runs side by side, each with one torch thread: on 2 cores that takes about
 # 60 % of one run after the other (two runs of two threads each would be far slower, not faster).
 NBTEST      := $(BUILD)/nbtest
-NOTEBOOKS   := validate_perplexity quick_test sweep zoo ruler
+NOTEBOOKS   := validate_perplexity quick_test sweep zoo ruler llamacpp
 NB_ARGS_validate_perplexity = $(TINY_WINDOWS) $(TINY_CHECKS)
 NB_ARGS_quick_test =
 NB_ARGS_sweep = -r schemes "int4,kivi4" -p peers False $(TINY_WINDOWS) $(TINY_CHECKS) -r budget "3.25" \
   -r calibration "windows=1;targets=8;candidates=lm2rot,lm4rot"
 NB_ARGS_zoo = -r models "smollm2-135m" -r schemes "int4,q8_0" -p peers False $(TINY_WINDOWS)
 NB_ARGS_ruler = -r schemes "int4" -r tasks "niah_single_1" -r lengths "512" -p samples 2 -r presses "knorm"
+NB_ARGS_llamacpp = -r results "$(CURDIR)/docs/data/llamacpp/*.json"
 # The two halves, about equally long.
 NBVAL_1 := sweep quick_test ruler
-NBVAL_2 := validate_perplexity zoo
+NBVAL_2 := validate_perplexity zoo llamacpp
 
 test-notebooks: setup
 	rm -rf $(NBTEST) && mkdir -p $(NBTEST)
@@ -192,11 +193,20 @@ LLAMACPP_TYPES ?= q8_0,q4_0
 # (K/V sets them apart: q4_0/f16 is K only, -ctk q4_0 -ctv f16)
 LLAMACPP_ROTATION ?= on,off
 LLAMACPP_CHUNKS ?= 8
+# Each run writes reports/llamacpp-MODEL.json; the report (reports/llamacpp.html) shows every such run, so one
+# MODEL after another builds up the side-by-side. LLAMACPP_JSON= renders runs made before (paths or globs,
+# comma-separated) without running llama.cpp: make peer-llamacpp LLAMACPP_JSON='docs/data/llamacpp/*.json'.
+LLAMACPP_JSON ?=
 peer-llamacpp: setup
-	bash peers/build_llamacpp.sh > /dev/null
-	mkdir -p $(REPORTS)
-	$(PY) -m kvlib.runs.llamacpp --model $(MODEL) --corpus $(if $(filter embedded,$(CORPUS)),wikitext-2-valid,$(CORPUS)) \
-	  --types $(LLAMACPP_TYPES) --rotation $(LLAMACPP_ROTATION) --chunks $(LLAMACPP_CHUNKS) --json $(REPORTS)/llamacpp.json
+	mkdir -p $(REPORTS) $(BUILD)/executed
+	$(if $(LLAMACPP_JSON),,bash peers/build_llamacpp.sh > /dev/null)
+	$(if $(LLAMACPP_JSON),,$(PY) -m kvlib.runs.llamacpp --model $(MODEL) \
+	  --corpus $(if $(filter embedded,$(CORPUS)),wikitext-2-valid,$(CORPUS)) --types $(LLAMACPP_TYPES) \
+	  --rotation $(LLAMACPP_ROTATION) --chunks $(LLAMACPP_CHUNKS) --json $(REPORTS)/llamacpp-$(subst /,_,$(MODEL)).json)
+	$(PAPERMILL) notebooks/llamacpp.ipynb $(BUILD)/executed/llamacpp.ipynb -k kvlib \
+	  -r results "$(or $(LLAMACPP_JSON),$(CURDIR)/$(REPORTS)/llamacpp-*.json)" -p output_dir $(CURDIR)/$(REPORTS)
+	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/llamacpp.ipynb
+	@echo "llama.cpp beside kvlib: $(CURDIR)/$(REPORTS)/llamacpp.html (results: $(REPORTS)/llamacpp.json)"
 
 # RULER's synthetic tasks at the lengths users serve, from the exact cache, each scheme's and each eviction
 # press's at that scheme's bytes (docs/ruler.md): reports/ruler.json. Units are kept in the results store, so

@@ -1,14 +1,18 @@
 """The llama.cpp side-by-side's plumbing: llama-perplexity's per-chunk rows, the specs and flags of
-a setting, and the paired CI (the runs themselves: make peer-llamacpp)."""
+a setting, the paired CI, and a run's JSON back into the report (the runs themselves: make
+peer-llamacpp; the measured ones are under docs/data/llamacpp)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
 
-from kvlib.runs.llamacpp import CacheTypes, ChunkRun, delta, kvlib_spec, paired_ci, parse_chunks, parse_types
+from kvlib.report.llamacpp import agreement
+from kvlib.runs.llamacpp import (CacheTypes, ChunkRun, Comparison, SideBySide, delta, delta_ci, kvlib_spec, paired_ci,
+                                 parse_chunks, parse_types)
 from kvlib.scoring.perplexity import plan_chunks
 
 # llama-perplexity --ppl-output-type 1 on SmolLM2-135M, WikiText-2 valid, -c 2048 (first 3 rows).
@@ -55,6 +59,51 @@ def test_paired_ci_brackets_the_difference_and_is_zero_for_equal_sides():
     other = ChunkRun([2110.0 + 3 * i for i in range(8)], 1023)
     lo, hi = paired_ci(run, base, other, base)
     assert lo <= delta(other, base) - delta(run, base) <= hi and lo > 0
+
+
+def test_each_sides_ci_brackets_its_delta():
+    base = ChunkRun([2000.0 + 5 * (i % 3) for i in range(8)], 1023)
+    run = ChunkRun([2050.0 + 7 * (i % 4) for i in range(8)], 1023)
+    lo, hi = delta_ci(run, base)
+    assert lo < delta(run, base) < hi and lo > 0
+
+
+def _side_by_side() -> SideBySide:
+    base = ChunkRun([2000.0 + 5 * (i % 3) for i in range(8)], 1023)
+    ours_base = ChunkRun([2001.0 + 5 * (i % 3) for i in range(8)], 1023)
+    r = SideBySide("m.gguf", "wikitext-2-valid", 2048, 8, base.perplexity, ours_base.perplexity, base.nll, ours_base.nll)
+    for k, shift in (("q8_0", 1.0), ("q4_0", 60.0)):
+        eng, ours = ChunkRun([a + shift for a in base.nll], 1023), ChunkRun([a + 1.3 * shift for a in ours_base.nll], 1023)
+        r.rows.append(Comparison(CacheTypes(k, k, True), kvlib_spec(CacheTypes(k, k, True)), delta(eng, base),
+                                 delta(ours, ours_base), paired_ci(eng, base, ours, ours_base), eng.perplexity,
+                                 ours.perplexity, eng.nll, ours.nll, delta_ci(eng, base), delta_ci(ours, ours_base)))
+    return r
+
+
+def test_a_run_round_trips_through_its_json_and_old_json_gets_its_cis():
+    r = _side_by_side()
+    d = json.loads(json.dumps(r.to_dict()))
+    assert json.loads(json.dumps(SideBySide.from_dict(d).to_dict())) == d
+    for row in d["rows"]:  # a JSON written before each side's CI was kept: recomputed from the chunks
+        del row["engine_ci"], row["kvlib_ci"]
+    assert json.loads(json.dumps(SideBySide.from_dict(d).to_dict()))["rows"] == json.loads(json.dumps(r.to_dict()))["rows"]
+
+
+def test_agreement_names_the_bound_that_governs():
+    small, large = _side_by_side().rows
+    assert small.agrees and agreement(small) == "met (0.02 bound)"  # 15 % of a tiny delta is below 0.02
+    rel = abs(large.kvlib_delta - large.engine_delta) / large.engine_delta
+    assert not large.agrees and rel > 0.15 and agreement(large) == f"<b>NOT met</b> ({rel * 100:.1f} %)"
+
+
+def test_the_measured_runs_load():
+    """docs/data/llamacpp holds the runs docs/engines.md quotes; the report renders them."""
+    paths = sorted((Path(__file__).resolve().parents[1] / "docs" / "data" / "llamacpp").glob("*.json"))
+    assert paths
+    for p in paths:
+        r = SideBySide.from_dict(json.loads(p.read_text()))
+        assert r.rows and all(len(c.engine_nll) == len(c.kvlib_nll) == r.chunks for c in r.rows)
+        assert all(c.engine_ci[0] <= c.engine_delta <= c.engine_ci[1] for c in r.rows)
 
 
 def test_a_killed_comparison_cleans_up(tmp_path):

@@ -118,6 +118,19 @@ def timing_rows(timing: dict[str, float]) -> list[tuple[str, str]]:
     return rows
 
 
+def html_table(table_id: str, headers: list[str], rows: list[list[str]], wrap: tuple[int, ...] = ()):
+    """An HTML table; the columns in ``wrap`` (long text) wrap, the others stay on one line."""
+    from IPython.display import HTML
+
+    head = "".join(f'<th style="text-align:{"left" if i in wrap else "right"}">{html.escape(h)}</th>'
+                   for i, h in enumerate(headers))
+    body = "".join("<tr>" + "".join(
+        f'<td style="white-space:{"normal;text-align:left;min-width:14em" if i in wrap else "nowrap"}">{c}</td>'
+        for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return HTML(f'<table id="{table_id}" style="font-size:12.5px"><thead><tr>{head}</tr></thead>'
+                f'<tbody>{body}</tbody></table>')
+
+
 def timing_table(timing: dict[str, float]):
     """The run's timings as a small table (id ``kvlib-timing``)."""
     from IPython.display import HTML

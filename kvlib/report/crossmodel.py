@@ -13,25 +13,12 @@ import numpy as np
 from kvlib.runs.crossmodel import CrossModelResult, points, snr_correlation
 from kvlib.runs.sweep import MIX_PREFIX
 from kvlib.gates import CI_LEVEL
-from kvlib.report.common import Figure, fmt
+from kvlib.report.common import Figure, fmt, html_table
 from kvlib.report.common import timing_table as _timing_table
 
 
 def _as_dict(result: CrossModelResult | dict[str, Any]) -> dict[str, Any]:
     return result.to_dict() if isinstance(result, CrossModelResult) else result
-
-
-def _table(table_id: str, headers: list[str], rows: list[list[str]], wrap: tuple[int, ...] = ()):
-    """An HTML table; the columns in ``wrap`` (long text) wrap, the others stay on one line."""
-    from IPython.display import HTML
-
-    head = "".join(f'<th style="text-align:{"left" if i in wrap else "right"}">{html.escape(h)}</th>'
-                   for i, h in enumerate(headers))
-    body = "".join("<tr>" + "".join(
-        f'<td style="white-space:{"normal;text-align:left;min-width:14em" if i in wrap else "nowrap"}">{c}</td>'
-        for i, c in enumerate(r)) + "</tr>" for r in rows)
-    return HTML(f'<table id="{table_id}" style="font-size:12.5px"><thead><tr>{head}</tr></thead>'
-                f'<tbody>{body}</tbody></table>')
 
 
 def geometry_rows(result: CrossModelResult | dict[str, Any]) -> list[list[str]]:
@@ -50,7 +37,7 @@ def geometry_rows(result: CrossModelResult | dict[str, Any]) -> list[list[str]]:
 
 
 def geometry_table(result: CrossModelResult | dict[str, Any]):
-    return _table("kvlib-zoo-models", ["model", "weights", "layers", "KV / query heads", "head_dim", "layer types",
+    return html_table("kvlib-zoo-models", ["model", "weights", "layers", "KV / query heads", "head_dim", "layer types",
                                        "windows (gated tokens)", "baseline ppl (gated)", "time"],
                   geometry_rows(result), wrap=(1, 5))
 
@@ -82,7 +69,7 @@ def delta_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], li
 
 def delta_table(result: CrossModelResult | dict[str, Any]):
     headers, rows = delta_rows(result)
-    return _table("kvlib-zoo-deltas", headers, rows)
+    return html_table("kvlib-zoo-deltas", headers, rows)
 
 
 def recommendation_rows(result: CrossModelResult | dict[str, Any]) -> list[list[str]]:
@@ -92,7 +79,7 @@ def recommendation_rows(result: CrossModelResult | dict[str, Any]) -> list[list[
 
 
 def recommendation_table(result: CrossModelResult | dict[str, Any]):
-    return _table("kvlib-zoo-recommendations", ["model", "use", "why"], recommendation_rows(result), wrap=(2,))
+    return html_table("kvlib-zoo-recommendations", ["model", "use", "why"], recommendation_rows(result), wrap=(2,))
 
 
 def plot_snr_vs_kld(result: CrossModelResult | dict[str, Any]) -> Figure:

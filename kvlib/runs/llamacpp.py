@@ -138,18 +138,26 @@ def delta(run: ChunkRun, base: ChunkRun, idx: np.ndarray | None = None) -> float
     return math.exp(a.sum() / n) - math.exp(b.sum() / n)
 
 
+def _bootstrap(stat: Any, n: int, samples: int, seed: int) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``stat(idx)`` over ``n`` chunks (the chunks are the unit: their
+    tokens share a cache)."""
+    rng = np.random.default_rng(seed)
+    values = [stat(rng.integers(0, n, n)) for _ in range(samples)]
+    alpha = (1 - CI_LEVEL) / 2
+    return float(np.quantile(values, alpha, method="lower")), float(np.quantile(values, 1 - alpha, method="higher"))
+
+
 def paired_ci(engine: ChunkRun, engine_base: ChunkRun, ours: ChunkRun, ours_base: ChunkRun,
               samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile bootstrap CI of (kvlib's delta - llama.cpp's delta), the same chunks resampled for
-    both sides (the chunks are the unit: their tokens share a cache)."""
-    rng = np.random.default_rng(seed)
-    n = len(engine.nll)
-    diffs = []
-    for _ in range(samples):
-        idx = rng.integers(0, n, n)
-        diffs.append(delta(ours, ours_base, idx) - delta(engine, engine_base, idx))
-    alpha = (1 - CI_LEVEL) / 2
-    return float(np.quantile(diffs, alpha, method="lower")), float(np.quantile(diffs, 1 - alpha, method="higher"))
+    """CI of (kvlib's delta - llama.cpp's delta), the same chunks resampled for both sides."""
+    return _bootstrap(lambda idx: delta(ours, ours_base, idx) - delta(engine, engine_base, idx),
+                      len(engine.nll), samples, seed)
+
+
+def delta_ci(run: ChunkRun, base: ChunkRun, samples: int = BOOTSTRAP_SAMPLES,
+             seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """CI of one side's delta against its own f16 run, chunks resampled."""
+    return _bootstrap(lambda idx: delta(run, base, idx), len(run.nll), samples, seed)
 
 
 @dataclass
@@ -165,6 +173,8 @@ class Comparison:
     kvlib_ppl: float
     engine_nll: list[float] = field(default_factory=list)  # each chunk's summed NLL, for per-chunk study
     kvlib_nll: list[float] = field(default_factory=list)
+    engine_ci: tuple[float, float] = (math.nan, math.nan)  # each side's delta, chunks resampled
+    kvlib_ci: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def agrees(self) -> bool:
@@ -188,8 +198,29 @@ class SideBySide:
     rows: list[Comparison] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def targets_per_chunk(self) -> int:
+        return self.n_ctx - self.n_ctx // 2 - 1
+
     def to_dict(self) -> dict:
         return {**{k: v for k, v in asdict(self).items() if k != "rows"}, "rows": [r.to_dict() for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SideBySide":
+        """A run back from its JSON (each side's CI recomputed from the chunks' NLLs when absent)."""
+        r = cls(**{k: d[k] for k in ("model", "text", "n_ctx", "chunks", "engine_base_ppl", "kvlib_base_ppl",
+                                     "engine_base_nll", "kvlib_base_nll", "seconds")})
+        per = r.targets_per_chunk
+        for row in d["rows"]:
+            c = Comparison(CacheTypes(**row["setting"]), row["kvlib_spec"], row["engine_delta"], row["kvlib_delta"],
+                           tuple(row["diff_ci"]), row["engine_ppl"], row["kvlib_ppl"], row["engine_nll"],
+                           row["kvlib_nll"])
+            c.engine_ci = tuple(row.get("engine_ci") or delta_ci(ChunkRun(c.engine_nll, per),
+                                                                 ChunkRun(r.engine_base_nll, per)))
+            c.kvlib_ci = tuple(row.get("kvlib_ci") or delta_ci(ChunkRun(c.kvlib_nll, per),
+                                                               ChunkRun(r.kvlib_base_nll, per)))
+            r.rows.append(c)
+        return r
 
 
 def kvlib_spec(types: CacheTypes) -> str:
@@ -228,8 +259,9 @@ def run_kvlib(model: Any, ids: Any, n_ctx: int, chunks: int, settings: list[Cach
 
 
 def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int = 2048, chunks: int = 8,
-                 threads: int | None = None, say: Any = print) -> SideBySide:
-    """Both sides on every setting (f16 first: each side's baseline), compared."""
+                 threads: int | None = None, say: Any = print, corpus: str | None = None) -> SideBySide:
+    """Both sides on every setting (f16 first: each side's baseline), compared; ``corpus`` names the
+    text in the result (default: its path)."""
 
     base = CacheTypes("f16", "f16", True)
     settings = [base] + [s for s in settings if s != base]
@@ -244,12 +276,13 @@ def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int 
     with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
         say("kvlib write mode on the same chunks...")
         ours = run_kvlib(model, ids, n_ctx, chunks, settings, gguf_architecture(gguf), Path(tmp))
-    result = SideBySide(str(gguf.name), str(text), n_ctx, chunks, engine[base].perplexity, ours[base].perplexity,
+    result = SideBySide(str(gguf.name), corpus or str(text), n_ctx, chunks, engine[base].perplexity, ours[base].perplexity,
                         engine[base].nll, ours[base].nll, seconds={"llama.cpp_s": t1 - t0, "kvlib_s": time.perf_counter() - t1})
     for s in settings[1:]:
         result.rows.append(Comparison(s, kvlib_spec(s), delta(engine[s], engine[base]), delta(ours[s], ours[base]),
                                       paired_ci(engine[s], engine[base], ours[s], ours[base]),
-                                      engine[s].perplexity, ours[s].perplexity, engine[s].nll, ours[s].nll))
+                                      engine[s].perplexity, ours[s].perplexity, engine[s].nll, ours[s].nll,
+                                      delta_ci(engine[s], engine[base]), delta_ci(ours[s], ours[base])))
     return result
 
 
@@ -303,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             if not text.is_file():  # a named corpus, written out for llama-perplexity's -f
                 text = Path(tmp) / "corpus.txt"
                 text.write_text(load_corpus(a.corpus).text)
-            r = side_by_side(Path(src.path) / src.gguf_file, text, settings, a.n_ctx, a.chunks)
+            r = side_by_side(Path(src.path) / src.gguf_file, text, settings, a.n_ctx, a.chunks, corpus=a.corpus)
     except (LlamaCppError, ValueError, KeyError, FileNotFoundError) as e:
         print(f"peer-llamacpp: error: {e}", file=sys.stderr)
         return 2
