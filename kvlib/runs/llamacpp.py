@@ -289,11 +289,12 @@ def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int 
 def print_side_by_side(r: SideBySide) -> None:
     print(f"{r.model} on {r.text}: {r.chunks} chunks of {r.n_ctx}; f16 perplexity llama.cpp {r.engine_base_ppl:.4f}, "
           f"kvlib {r.kvlib_base_ppl:.4f}")
-    print(f"  {'setting':30s} {'llama.cpp d':>11s} {'kvlib d':>9s} {'kvlib - llama.cpp (95% CI)':>30s}  agree")
+    print(f"  {'setting':30s} {'llama.cpp d (95% CI)':>30s} {'kvlib d (95% CI)':>30s} "
+          f"{'kvlib - llama.cpp (95% CI)':>30s}  agree")
     for c in r.rows:
-        lo, hi = c.diff_ci
-        print(f"  {c.setting.label:30s} {c.engine_delta:+11.4f} {c.kvlib_delta:+9.4f} "
-              f"{c.kvlib_delta - c.engine_delta:+10.4f} [{lo:+8.4f}, {hi:+8.4f}]  {'yes' if c.agrees else 'no'}")
+        cells = [(c.engine_delta, c.engine_ci), (c.kvlib_delta, c.kvlib_ci), (c.kvlib_delta - c.engine_delta, c.diff_ci)]
+        print(f"  {c.setting.label:30s} " + " ".join(f"{v:+10.4f} [{lo:+8.4f}, {hi:+8.4f}]" for v, (lo, hi) in cells)
+              + f"  {'yes' if c.agrees else 'no'}")
 
 
 def parse_types(text: str) -> list[tuple[str, str]]:
