@@ -21,7 +21,8 @@ from kvlib import cli
 from kvlib.transforms.codec import CLICacheRoundtrip
 from kvlib.cache.io import load_kv_cache, save_kv_cache
 from kvlib.cache.layout import cache_layers
-from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
+from kvlib.scoring.generate import greedy_continue, prefill, prefill_observed, stack_caches
+from kvlib.transforms.base import CacheTransform
 from kvlib.cache.layout import FULL, cache_like, context_cache, layout_of, model_layout, new_cache
 from kvlib.scoring.perplexity import score_windows
 
@@ -73,6 +74,36 @@ def test_exact_cache_identity(tiny):
     for w in ctx:
         assert w.compressed_nll == pytest.approx(w.baseline_nll, rel=1e-4)
         assert w.top1_agree == w.num_targets
+
+
+class ExactQueries(CacheTransform):
+    """Write mode through kvlib's own attention (the query path) with nothing converted."""
+
+    name, spec = "exact-queries", "exact-queries"
+    converts_queries = True
+
+    def roundtrip_layer(self, layer, key, value):
+        return key, value, None
+
+    def query_layer(self, layer, query):
+        return query
+
+
+def test_kvlibs_attention_keeps_the_models_masks(tiny):
+    """Write mode's query path and the observed prefill run kvlib's own attention: a sliding layer
+    still sees only its window (transformers builds no mask for an attention name its mask table
+    lacks; Gemma-3 written through llama.cpp:f16 went from perplexity 27 to 1,455 that way)."""
+    _, model = tiny
+    r = score_windows(model, token_ids(), 160, 64, {"q": ExactQueries()}, max_windows=3, progress=False,
+                      mode="write")["q"]
+    for w in r.windows:
+        assert w.compressed_nll == pytest.approx(w.baseline_nll, rel=1e-5)
+    ids = token_ids(120)[0].tolist()
+    observed, queries = prefill_observed(model, ids, 8)
+    for (k, v), (ke, ve) in zip(cache_layers(observed), cache_layers(prefill(model, ids))):
+        torch.testing.assert_close(k, ke)
+        torch.testing.assert_close(v, ve)
+    assert len(queries) == model.config.num_hidden_layers and queries[0].shape[2] == 8
 
 
 def test_context_cache_holds_what_the_model_holds(tiny):

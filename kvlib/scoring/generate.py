@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from kvlib.cache.layout import cache_layers
 from kvlib.cache.layout import layout_of, make_cache, new_cache
@@ -84,6 +85,15 @@ def greedy_continue(model: Any, cache: Any, input_ids: torch.Tensor, new_tokens:
     return torch.cat(out, dim=1).cpu()
 
 
+def register_attention(implementation: str, function: Any) -> None:
+    """Register an SDPA-based attention ``function`` under ``implementation``, with SDPA's masks:
+    transformers builds no mask for an attention name its mask table lacks (masking_utils,
+    _preprocess_mask_arguments: "custom attention without equivalent mask creation"), so SDPA would
+    fall back to a plain causal mask and sliding-window layers would see the whole window."""
+    AttentionInterface.register(implementation, function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(implementation, sdpa_mask)
+
+
 @contextlib.contextmanager
 def attention_through(model: Any, implementation: str, var: contextvars.ContextVar, value: Any) -> Iterator[None]:
     """Within: the model's attention is the registered ``implementation``, with ``var`` set to
@@ -113,7 +123,7 @@ def _observe(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.T
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
 
 
-AttentionInterface.register(OBSERVE, _observe)
+register_attention(OBSERVE, _observe)
 
 
 @torch.no_grad()

@@ -18,11 +18,10 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from kvlib.cache.layout import new_cache
-from kvlib.scoring.generate import attention_through
+from kvlib.scoring.generate import attention_through, register_attention
 from kvlib.codec.metrics import join_metrics
 
 
@@ -40,7 +39,7 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
 
 
-AttentionInterface.register(ATTENTION, _attention)
+register_attention(ATTENTION, _attention)
 
 
 @contextlib.contextmanager
