@@ -17,9 +17,9 @@ MODEL       ?= embedded
 CORPUS      ?= embedded
 SCHEME      ?= int4
 # prefix: the context compressed once (the gate); write: every K/V quantized as written, as engines do
-# (the default of make sweep ENGINE=...).
+# (the default of make sweep ENGINE=..., but for LMCache's serdes: prefix, a stored cache).
 MODE        ?= prefix
-# make sweep's engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp or all): its menu of KV-cache formats instead of SCHEMES.
+# make sweep's engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, lmcache or all): its menu of KV-cache formats instead of SCHEMES.
 ENGINE      ?=
 BITS        ?=
 GROUP_SIZE  ?=
@@ -158,7 +158,7 @@ sweep: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/sweep.ipynb $(BUILD)/executed/sweep.ipynb -k kvlib \
 	  -p model $(MODEL) -p corpus $(CORPUS) -r schemes "$(SCHEMES)" -p peers $(PEERS) -p stride $(STRIDE) \
-	  -p mode $(if $(ENGINE),$(if $(filter command line,$(origin MODE)),$(MODE),write),$(MODE)) -r engine "$(ENGINE)" \
+	  -r mode "$(if $(ENGINE),$(if $(filter command line,$(origin MODE)),$(MODE)),$(MODE))" -r engine "$(ENGINE)" \
 	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) $(CHECKS) -r budget "$(BUDGET)" \
 	  -r calibration "$(CALIBRATION)" -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/sweep.ipynb

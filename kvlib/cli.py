@@ -24,7 +24,7 @@ from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
 from kvlib.gates import MIN_CI_UNITS
-from kvlib.runs.sweep import default_schemes, engine_schemes, run_sweep, write_json
+from kvlib.runs.sweep import default_schemes, engine_mode, engine_schemes, run_sweep, write_json
 from kvlib.runs.knobs import cheapest_setting, print_search
 from kvlib.runs.ruler import print_ruler, run_ruler_suite
 from kvlib.checks.ruler.run import ALL_TASKS, RulerConfig
@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(kv-compress schemes lists the presets); repeat it to compare schemes in one pass")
     p.add_argument("--schemes", default=None, help="presets and specs to compare in one pass, or 'all': commas between schemes (k=...,v=... stays one), or ';' between specs")
     p.add_argument("--engine", default=None, metavar="ENGINE",
-                   help="sweep every KV-cache format of an engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, or all; kv-compress schemes -engine "
-                   "lists them) in write mode, as the engine writes its cache: the cheapest option that passes")
+                   help="sweep every KV-cache format of an engine (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, lmcache, or all; kv-compress schemes -engine "
+                   "lists them) in write mode, as a serving engine writes its cache (LMCache's serdes: prefix mode, a stored "
+                   "prefix): the cheapest option that passes")
     p.add_argument("--knobs", action="store_true",
                    help="with --engine: validate the settings of the engine's own knobs (llama.cpp: every -ctk/-ctv "
                    "pair) in write mode, fewest bits first, and print the flags of the cheapest that passes robustly")
@@ -162,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         specs = list(args.scheme or [])
         if args.schemes:
             specs += default_schemes() if args.schemes == "all" else split_schemes(args.schemes)
-        if args.engine:  # the engine's menu; its verdict is a write-mode number
+        if args.engine:  # the engine's menu; a serving engine's verdict is a write-mode number
             specs += engine_schemes(args.engine)
             args.no_peers = True
-        args.mode = args.mode or ("write" if args.engine else "prefix")
+        args.mode = args.mode or (engine_mode(args.engine) if args.engine else "prefix")
         codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity,
                                 lossless=args.lossless) for x in specs or [None]]
         codec = codecs[0]

@@ -227,7 +227,62 @@ def _cases() -> list[dict]:
     # head_dim 80 is fine for f16, which has no blocks
     t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
     cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
-    return cases + _vllm_cases(rng) + _sglang_cases(rng) + _trtllm_cases(rng) + _exllama_cases(rng) + _mx_cases(rng)
+    return (cases + _vllm_cases(rng) + _sglang_cases(rng) + _trtllm_cases(rng) + _exllama_cases(rng) + _mx_cases(rng)
+            + _nvfp4_cases())
+
+
+NVFP4_FORMATS = [("vllm", f) for f in vr.NVFP4] + [("trtllm", "nvfp4")]
+
+
+def _nvfp4_cases() -> list[dict]:
+    """The NVFP4 formats (tests/nvfp4_reference.py; a generator of their own, so the other engines'
+    vectors stay as they were): F32, F16 and BF16 caches with head_dim 64, 128 and 256 (outlier key
+    channels, an all-zero token-head) at scale 1; a calibrated scale per role (amax / 2688) and a
+    checkpoint-like one on an F16 cache; values past the range (block scales past 448, Inf-sized
+    values, E2M1 ties, 4over6 ties, blocks whose scale rounds to E4M3 zero, subnormals); the
+    head_dim % 16 and NaN/Inf refusals."""
+    rng = np.random.default_rng(20260611)
+    cases = []
+    for engine, fmt in NVFP4_FORMATS:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                cases.append(grid_case(rng, engine, fmt, dtype, hd))
+        x = {r: kv(rng, [1, 2, 3, 128], r) * F32(20) for r in ("key", "value")}
+        ts = [tensor(f"layer_0_{r}", x[r], "BF16") for r in ("key", "value")]
+        ks, vs = (F32(np.max(np.abs(decode(t["raw"], "BF16"))) / F32(vr.nr.SCALE_MAX)) for t in ts)  # the cache's amax
+        spec = f"k={engine}:{fmt}/scale{ks!r},v={engine}:{fmt}/scale{vs!r}".replace("np.float32(", "").replace(")", "")
+        cases.append(dict(name=f"{engine}_{fmt}_calibrated", spec=spec, tensors=ts,
+                          schemes={"layer_0_key": (f"{engine}:{fmt}", float(ks)), "layer_0_value": (f"{engine}:{fmt}", float(vs))}))
+        x = kv(rng, [1, 2, 3, 64], "key") * F32(100)
+        cases.append(dict(name=f"{engine}_{fmt}_f16_scale", spec=f"{engine}:{fmt}/scale37", tensors=[tensor("layer_0_key", x, "F16")],
+                          schemes={"layer_0_key": (f"{engine}:{fmt}", 37.0)}))
+    ties = np.array([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5, -6], F32)
+    edges = [ties, ties * F32(2.0 ** -6), ties * F32(2.0 ** 7),
+             np.r_[F32(6000), F32(-3000), F32(2700), F32(2688), np.linspace(-100, 100, 12, dtype=F32)].astype(F32),  # scale past 448
+             np.r_[F32(1e5), F32(-1e5), F32(7e4), F32(3.3e38), np.ones(12, F32)].astype(F32),
+             np.r_[F32(6), F32(3), np.zeros(14, F32)].astype(F32),  # /6 and /4 both exact: 4over6 keeps /6
+             np.full(16, 4, F32),  # /4 exact, /6 not: 4over6 takes /4
+             np.r_[F32(1e-3), F32(-1e-3), F32(5e-4), np.zeros(13, F32)].astype(F32),  # SF rounds to E4M3 zero
+             np.r_[F32(-0.0), F32(6e-3), F32(-2e-3), np.zeros(13, F32)].astype(F32),  # just above it
+             np.r_[F32(1e-39), F32(-3e-42), np.zeros(14, F32)].astype(F32),  # subnormal
+             (rng.standard_normal(16) * 1e-20).astype(F32), (rng.standard_normal(16) * 3e3).astype(F32),
+             np.r_[np.nextafter(F32(6), F32(7)), F32(1.2500001), F32(0.74999994), np.ones(13, F32) * F32(-0.3)].astype(F32),
+             np.zeros(16, F32), np.full(16, -0.0, F32), np.linspace(-1, 1, 16, dtype=F32)]
+    edge = np.concatenate(edges).reshape(1, 1, len(edges) // 2, 32)
+    for engine, fmt in NVFP4_FORMATS:
+        cases.append(dict(name=f"{engine}_{fmt}_past_the_range", spec=f"{engine}:{fmt}", tensors=[tensor("layer_0_key", edge, "F32")],
+                          schemes={"layer_0_key": (f"{engine}:{fmt}", 1.0)}))
+    errs = [("vllm_nvfp4_hd40_refused", "vllm:nvfp4", [1, 2, 2, 40], "vLLM refuses nvfp4 for head_dim 40"),
+            ("vllm_nvfp4_4over6_hd24_refused", "vllm:nvfp4_4over6", [1, 1, 2, 24], "vLLM refuses nvfp4_4over6 for head_dim 24"),
+            ("trtllm_nvfp4_hd40_refused", "trtllm:nvfp4", [1, 2, 2, 40], "kvlib refuses TensorRT-LLM's nvfp4 for head_dim 40"),
+            ("vllm_nvfp4_inf", "vllm:nvfp4_4over6", [1, 1, 2, 64], "NaN or Inf cannot be quantized"),
+            ("trtllm_nvfp4_nan", "trtllm:nvfp4", [1, 1, 2, 64], "NaN or Inf cannot be quantized")]
+    for name, spec, shape, msg in errs:
+        x = rng.standard_normal(shape).astype(F32)
+        if name.endswith(("_nan", "_inf")):
+            x.reshape(-1)[3] = np.nan if name.endswith("_nan") else np.inf
+        cases.append(dict(name=name, spec=spec, tensors=[tensor("t", x, "F32")], schemes={"t": (None, True)}, error=msg))
+    return cases
 
 
 def _sglang_cases(rng) -> list[dict]:
@@ -287,7 +342,7 @@ def _trtllm_cases(rng) -> list[dict]:
     the multiplier rounded to the cache's dtype for fp8); values past the range; int8's ties to even
     and -128."""
     cases = []
-    for fmt in tr.FORMATS:
+    for fmt in tr.EIGHT_BIT:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
                 cases.append(grid_case(rng, "trtllm", fmt, dtype, hd, 1.0 if fmt == "fp8" else 0.05))
@@ -296,7 +351,7 @@ def _trtllm_cases(rng) -> list[dict]:
                               tensors=[tensor("layer_0_key", x, dtype)], schemes={"layer_0_key": (f"trtllm:{fmt}", 0.37)}))
     edge = np.array([1e5, -1e5, 448, 464, 465, -480, 127.5, -127.5, -128.5, 2.5, 3.5, -2.5, 126.5, 7e4, 3.3e38, 2.0 ** -9,
                      2.0 ** -10, 2.0 ** -16, 1e-30, -0.0, 0.0, 1.0625, 17, 0.3] * 4 + [0.0] * 32, F32)
-    for fmt in tr.FORMATS:
+    for fmt in tr.EIGHT_BIT:
         cases.append(dict(name=f"trtllm_{fmt}_past_the_range", spec=f"trtllm:{fmt}", tensors=[tensor("layer_0_key", edge.reshape(1, 1, 2, 64), "F32")],
                           schemes={"layer_0_key": (f"trtllm:{fmt}", 1.0)}))
     return cases
@@ -373,7 +428,7 @@ def _vllm_cases(rng) -> list[dict]:
         ts = [tensor(f"layer_0_{r}", kv(rng, shape, r) if xs is None else xs[r], dtype) for r in ("key", "value")]
         cases.append(dict(name=name, spec=spec, tensors=ts, schemes=dict(zip((t["name"] for t in ts), fmts))))
 
-    for fmt in vr.FORMATS:
+    for fmt in vr.PER_TENSOR + vr.PER_HEAD:
         for dtype in ("F32", "F16", "BF16"):
             for hd in (64, 128, 256):
                 both_roles(f"vllm_{fmt}_{dtype.lower()}_hd{hd}", f"vllm:{fmt}", [(f"vllm:{fmt}", 1.0)] * 2, dtype,
@@ -387,7 +442,7 @@ def _vllm_cases(rng) -> list[dict]:
     # Past the range with scale 1 (keys beyond +-448 saturate; fp8_e5m2 holds them), subnormals, ties.
     edge = np.array([1e5, -1e5, 448, 464, 465, -480, 57344, 61440, 7e4, 3.3e38, 2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11,
                      2.0 ** -16, 2.0 ** -17, 1e-30, -0.0, 0.0, 1.0625, 1.1875, 17, 19, 0.3, -0.7] * 4 + [0.0] * 32, F32)
-    for fmt in vr.FORMATS:
+    for fmt in vr.PER_TENSOR + vr.PER_HEAD:
         x = edge.reshape(1, 1, 2, 64)
         if fmt == "int4_per_token_head":  # no range of its own; its float32 rotation of 3.3e38 overflows to NaN
             x = np.where(np.abs(x) > 1e35, np.sign(x) * F32(1e35), x).astype(F32)

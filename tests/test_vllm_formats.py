@@ -78,11 +78,14 @@ def test_vllm_vectors_cover_the_issue():
             for hd in (64, 128, 256):
                 assert f"vllm_{fmt}_{dtype}_hd{hd}" in names
         assert f"vllm_{fmt}_past_the_range" in names
-    for fmt in vr.PER_TENSOR:
+    for fmt in vr.STATIC_SCALE:
         assert f"vllm_{fmt}_calibrated" in names
     sat = {c["name"]: sum(t.get("saturated", 0) for t in c["tensors"]) for c in VLLM if "error" not in c}
     assert sat["vllm_fp8_e4m3_past_the_range"] > 0 and sat["vllm_fp8_e5m2_past_the_range"] > 0
     assert sat["vllm_fp8_e4m3_calibrated"] == 0  # a calibrated scale (amax / 448) saturates nothing
+    for fmt in vr.NVFP4:  # block scales past 448 clamp; amax / 2688 clamps nothing
+        assert sat[f"vllm_{fmt}_past_the_range"] > 0 and sat[f"vllm_{fmt}_calibrated"] == 0
+        assert f"vllm_{fmt}_f16_scale" in names and any(n.startswith(f"vllm_{fmt}_hd") and n.endswith("_refused") for n in names)
     assert sum("error" in c for c in VLLM) >= 3 and VECTORS["vllm_version"] == vr.VERSION
 
 
@@ -109,6 +112,9 @@ def test_schemes_lists_vllm(cli):
         assert r["source"] and "Triton" in r["evidence_detail"]
     bits = {r["format"]: r["key_bits_per_element"] for r in rows}
     assert bits["fp8_e4m3"] == 8 and bits["int8_per_token_head"] == 8.25  # 8 + a float32 scale per 128
+    assert bits["nvfp4"] == bits["nvfp4_4over6"] == 4.5  # 4 + an 8-bit scale per 16
+    tops = {r["format"]: r.get("scale_max") for r in rows}
+    assert tops["nvfp4"] == tops["nvfp4_4over6"] == 6 * 448 and tops["fp8_e4m3"] == 448
     every = json.loads(subprocess.run([cli, "schemes", "-engine", "all"], capture_output=True, text=True, check=True).stdout)
     assert [r["engine"] for r in every].count("vllm") == len(vr.FORMATS)
 
@@ -182,3 +188,73 @@ def test_int4_rotation_is_vllms_own_code():
             got = np.frombuffer(bytes.fromhex(t["restored_hex"]), "<f4") if t["dtype"] == "F32" else None
             if got is not None:
                 assert np.array_equal(back.view(np.uint32), got.view(np.uint32)), c["name"]
+
+
+def _bf16_sample() -> np.ndarray:
+    x = (np.arange(1 << 16, dtype=np.uint32) << 16).view(F32)
+    return x[~np.isnan(x)]
+
+
+def test_nvfp4_casts_are_round_to_nearest_even_and_saturating():
+    """The NVFP4 reference's E2M1 codes are the nearest grid value (ties to the even code, past 6
+    saturated, the sign kept on zeros) by brute force, on every bfloat16 value and the grid's
+    midpoints; its E4M3 scale byte is torch's cast after the clamp to 448."""
+    import nvfp4_reference as nr
+
+    grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
+    mids = (grid[1:] + grid[:-1]) / 2
+    x = np.concatenate([_bf16_sample(), mids.astype(F32), -mids.astype(F32), np.nextafter(mids.astype(F32), F32(0))])
+    a = np.abs(x.astype(np.float64))
+    d = np.abs(a[:, None] - grid[None, :])
+    best = np.argmin(np.where(d == d.min(axis=1, keepdims=True), np.arange(8) % 2, 2) * 1e300 + d, axis=1)  # ties: even
+    want = np.where(a >= 6, 7, best).astype(np.uint8) | (np.signbit(x).astype(np.uint8) << 3)
+    assert np.array_equal(nr.e2m1_codes(x), want)
+    assert nr.e2m1_codes(np.array([np.nan], F32))[0] == 0x7
+    y = np.abs(_bf16_sample())
+    theirs = torch.from_numpy(np.clip(y, 0, 448)).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    assert np.array_equal(nr.e4m3_codes(y), theirs)
+
+
+def test_nvfp4_exact_arithmetic_rounds_once():
+    """The reference's rational-to-float32 rounding is numpy's float64-to-float32 conversion on values
+    float64 holds (one rounding each), subnormals included; its fma agrees with float64 where the
+    float64 result is exact, and differs from rounding twice on a float32 tie nudged below float64's
+    resolution."""
+    from fractions import Fraction
+
+    import nvfp4_reference as nr
+
+    rng = np.random.default_rng(9)
+    v = np.concatenate([rng.standard_normal(3000) * np.exp2(rng.integers(-160, 120, 3000)),
+                        (np.arange(1, 200) + 0.5) * 2.0 ** -149, [3.4028235677973366e38, 3.4028235e38 * 1.0000001]])
+    for t in v:
+        with np.errstate(over="ignore"):
+            assert nr.to_float32(Fraction(float(t))).view(np.uint32) == F32(t).view(np.uint32), t
+    for a, b, c in rng.integers(-2000, 2000, (500, 3)):
+        assert nr.fma32(F32(a), F32(b), F32(c)) == F32(float(a) * float(b) + float(c))
+    a = F32(1 + 2.0 ** -12)  # a * a = 1 + 2**-11 + 2**-24: halfway between two float32 values
+    for c, up in ((F32(2.0 ** -80), True), (F32(-2.0 ** -80), False)):
+        twice = F32(np.float64(a) * np.float64(a) + np.float64(c))
+        once = nr.fma32(a, a, c)
+        assert once == (np.nextafter(F32(1 + 2.0 ** -11), F32(2)) if up else F32(1 + 2.0 ** -11))
+        assert (once != twice) == up  # float64 keeps the tie and rounds it to even (down)
+
+
+def test_nvfp4_vectors_hold_the_engines_choices():
+    """In the past-the-range case: nvfp4_4over6 keeps /6 on a tie (a block of 6 and 3, exact either
+    way) and takes /4 for a block of 4s (exact at scale 1.0, not at 4/6's E4M3 scale); plain nvfp4
+    stores that block with the E4M3 byte torch gives 4 * float32(1/6), and a block whose scale rounds
+    to E4M3 zero as zero codes (vLLM's guard on the converted scale)."""
+    cases = {c["name"]: c for c in VLLM}
+    x = np.frombuffer(bytes.fromhex(cases["vllm_nvfp4_past_the_range"]["tensors"][0]["input_hex"]), "<f4").reshape(-1, 16)
+    blocks = {name: np.frombuffer(bytes.fromhex(cases[f"vllm_{name}_past_the_range"]["tensors"][0]["parts"][".codes"]),
+                                  np.uint8).reshape(-1, 9) for name in vr.NVFP4}
+    six_three = int(np.flatnonzero((x[:, 0] == 6) & (x[:, 1] == 3) & np.all(x[:, 2:] == 0, axis=1))[0])
+    fours = int(np.flatnonzero(np.all(x == 4, axis=1))[0])
+    tiny = int(np.flatnonzero(x[:, 0] == F32(1e-3))[0])
+    one = torch.tensor([1.0]).to(torch.float8_e4m3fn).view(torch.uint8).item()
+    four_sixths = torch.tensor([F32(4) * (F32(1) / F32(6))]).to(torch.float8_e4m3fn).view(torch.uint8).item()
+    assert blocks["nvfp4_4over6"][six_three, 8] == one and blocks["nvfp4_4over6"][fours, 8] == one
+    assert np.all(blocks["nvfp4_4over6"][fours, :8] == 0x66)  # 4 at scale 1: code 6
+    assert blocks["nvfp4"][fours, 8] == four_sixths != one
+    assert blocks["nvfp4"][tiny, 8] == 0 and np.all(blocks["nvfp4"][tiny, :8] & 0x77 == 0)

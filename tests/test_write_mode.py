@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 from kvlib.cache.io import layer_metadata
 from kvlib.codec.cli import roundtrip_kv_cache
 from kvlib.codec.server import CodecServer, SharedContext
-from kvlib.codec.spec import resolve_codec
-from kvlib.runs.sweep import run_sweep
+from kvlib.codec.spec import engine_menu, resolve_codec
+from kvlib.runs.sweep import check_engine_modes, run_sweep
 from kvlib.scoring.perplexity import score_windows
 from kvlib.scoring.write import write_cache
 from kvlib.transforms.base import CacheTransform
@@ -181,12 +181,30 @@ def test_engine_flag_sweeps_the_menu_in_write_mode(monkeypatch):
     monkeypatch.setattr(cli_module, "run_sweep", fake)
     with pytest.raises(SystemExit):
         cli_module.main(["--engine", "vllm"])
-    assert seen["codecs"] == ["vllm:fp8", "vllm:fp8_e4m3", "vllm:fp8_e5m2", "vllm:int8_per_token_head",
-                              "vllm:fp8_per_token_head", "vllm:int4_per_token_head"]
+    assert seen["codecs"] == [r["name"] for r in engine_menu("vllm")]
+    assert seen["codecs"][:3] == ["vllm:fp8", "vllm:fp8_e4m3", "vllm:fp8_e5m2"] and "vllm:nvfp4" in seen["codecs"]
     assert seen["mode"] == "write" and seen["peers"] is False
     with pytest.raises(SystemExit):
         cli_module.main(["--engine", "llama.cpp", "--mode", "prefix"])
     assert seen["mode"] == "prefix" and len(seen["codecs"]) == 7
+    # LMCache's serdes store a finished prefix: measured in prefix mode, never in write mode, and not
+    # among the serving engines of --engine all
+    with pytest.raises(SystemExit):
+        cli_module.main(["--engine", "lmcache"])
+    assert seen["mode"] == "prefix" and seen["codecs"] == ["lmcache:fp8", "lmcache:kivi", "lmcache:cachegen"]
+    with pytest.raises(SystemExit):
+        cli_module.main(["--engine", "all"])
+    assert seen["mode"] == "write" and not any(c.startswith("lmcache:") for c in seen["codecs"])
+
+
+def test_a_kv_sharing_serde_is_refused_in_write_mode(capsys):
+    from kvlib import cli
+
+    assert cli.main(["--engine", "lmcache", "--mode", "write", "--max-windows", "2"]) == 2
+    assert "lmcache:fp8 is a serde of a stored prefix" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="lmcache:cachegen is a serde of a stored prefix"):
+        check_engine_modes([resolve_codec("k=lmcache:cachegen,v=q8_0")], "write")
+    check_engine_modes([resolve_codec("lmcache:cachegen")], "prefix")
 
 
 def test_a_cache_the_engine_made_nan_fails_the_window(tiny_llama):

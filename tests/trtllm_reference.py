@@ -5,7 +5,8 @@ Production code never imports it.
 fp8: the multiplier float32(1/scale) rounded to the cache's dtype T, the product rounded to T, then
 cvt.rn.satfinite.e4m3 (ml_dtypes' float8_e4m3fn cast, clamped to ±448 first: satfinite); the read is
 code * scale. int8: float32(x * float32(1/scale)), round to nearest even, saturate to [-128, 127],
-NaN to 0; the read is code * scale.
+NaN to 0; the read is code * scale. nvfp4 (section 3): tests/nvfp4_reference.py with the guard
+vecMax != 0 (quantization.cuh @2a0ce833), one global scale for K and another for V.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+import nvfp4_reference as nr
 from sglang_reference import round_to
 
 F32 = np.float32
 VERSION = "TensorRT-LLM 1.2.1 (its C++ kernels, read through the source index; the 1.2.1 tag could not be fetched)"
-FORMATS = ("fp8", "int8")
+EIGHT_BIT = ("fp8", "int8")
+FORMATS = EIGHT_BIT + ("nvfp4",)  # kv-compress schemes -engine trtllm, in this order
 
 
 def e4m3_satfinite(y: np.ndarray) -> np.ndarray:
@@ -30,6 +33,9 @@ def e4m3_satfinite(y: np.ndarray) -> np.ndarray:
 
 def compress_tensor(x: np.ndarray, fmt: str, dtype: str, scale: float = 1.0) -> tuple[bytes, np.ndarray, int]:
     """Bytes, the engine's read and the count of saturated values of one tensor."""
+    if fmt == "nvfp4":
+        raw, y, sat = nr.compress(x, scale, guard_vecmax=True)
+        return raw, y.reshape(-1), sat
     x = np.asarray(x, F32).reshape(-1)
     s = F32(scale)
     inv = F32(F32(1) / s)

@@ -14,6 +14,10 @@ Production code never imports it. Paths are relative to the vllm package of the 
   zero by +-0.5 and the store's truncation after a clamp to [-128, 127]; fp8 clamped to +-448 and
   cast. Stored: head_dim codes then the float32 scale. Read: code * scale.
 
+- NVFP4 (nvfp4, nvfp4_4over6): csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu over
+  quantization/fp4/nvfp4_utils.cuh, checked against the wheel's SM100 SASS: tests/nvfp4_reference.py,
+  with the guard on the converted block scale (float(sf) != 0) and, for nvfp4_4over6, the /4 candidate.
+
 The float8 casts are ml_dtypes' (round to nearest even), after the clamp that makes them
 saturating; tests/test_vllm_formats.py checks them against torch's own float8 casts.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+import nvfp4_reference as nr
 from sglang_reference import round_to
 
 F32 = np.float32
@@ -30,7 +35,9 @@ ENGINE = "vllm"
 VERSION = "vLLM 0.33.0 (wheel, commit 4ba787ec9)"
 PER_TENSOR = ("fp8", "fp8_e4m3", "fp8_e5m2")
 PER_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
-FORMATS = PER_TENSOR + PER_HEAD  # kv-compress schemes -engine vllm, in this order
+NVFP4 = ("nvfp4", "nvfp4_4over6")
+FORMATS = PER_TENSOR + PER_HEAD + NVFP4  # kv-compress schemes -engine vllm, in this order
+STATIC_SCALE = PER_TENSOR + NVFP4  # the formats with a static per-tensor scale (/scaleS)
 FP8 = {"fp8": (ml_dtypes.float8_e4m3fn, 448.0), "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0),
        "fp8_e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
 FP8_NAN = 0x7F  # the PTX conversions' canonical NaN (kv-compress refuses NaN input before it matters)
@@ -79,6 +86,8 @@ def quantize_per_head(x: np.ndarray, fmt: str) -> tuple[bytes, np.ndarray]:
 
 def saturated(x: np.ndarray, fmt: str, scale: float) -> int:
     """How many values a static scale puts beyond the format's largest finite value (stored as it)."""
+    if fmt in NVFP4:
+        return compress_nvfp4(x, fmt, scale)[2]
     if fmt not in PER_TENSOR:
         return 0
     with np.errstate(over="ignore"):
@@ -139,7 +148,14 @@ def quantize_int4(x: np.ndarray, dtype: str) -> tuple[bytes, np.ndarray]:
     return blocks.tobytes(), back.reshape(x.shape)
 
 
+def compress_nvfp4(x: np.ndarray, fmt: str, scale: float = 1.0) -> tuple[bytes, np.ndarray, int]:
+    """nvfp4 / nvfp4_4over6 of a tensor (head_dim % 16 == 0): bytes, the read, values clamped."""
+    return nr.compress(x, scale, four_over_six=fmt == "nvfp4_4over6", guard_vecmax=False)
+
+
 def compress_tensor(x: np.ndarray, fmt: str, scale: float = 1.0, dtype: str = "F32") -> tuple[bytes, np.ndarray]:
+    if fmt in NVFP4:
+        return compress_nvfp4(x, fmt, scale)[:2]
     if fmt == "int4_per_token_head":
         return quantize_int4(x, dtype)
     if fmt in PER_HEAD:

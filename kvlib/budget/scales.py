@@ -1,8 +1,10 @@
 """Calibrated static scales for the engines' per-tensor formats (vLLM's ``fp8``, ``fp8_e4m3``,
-``fp8_e5m2``; SGLang's ``fp8_e4m3``, ``fp8_e5m2``): the scale a quantized checkpoint would carry,
-next to the 1.0 a user gets from the flag alone.
+``fp8_e5m2``; SGLang's ``fp8_e4m3``, ``fp8_e5m2``; TensorRT-LLM's ``fp8``, ``int8``; the NVFP4
+formats' global scale, ``vllm:nvfp4``, ``vllm:nvfp4_4over6``, ``trtllm:nvfp4``): the scale a quantized
+checkpoint would carry, next to the 1.0 a user gets from the flag alone.
 
-Rule: per layer and role, scale = amax / FP8_MAX over the context caches of the calibration windows
+Rule: per layer and role, scale = amax / the format's max (kv-compress's ``scale_max``: 448 for e4m3,
+6 * 448 for NVFP4, ModelOpt's amax / (6 * 448)) over the context caches of the calibration windows
 (never the evaluated ones), as float32 — the static per-tensor rule of an FP8 ``kv_cache_scheme``
 (llm-compressor's min-max observer, ModelOpt's amax export; their code did not run here). The
 scales become per-layer overrides of the spec (``k3=vllm:fp8_e4m3/scale0.0123``), held across

@@ -363,6 +363,7 @@ def run_sweep(
     t_start = time.perf_counter()
     check_mode(mode)
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
+    check_engine_modes(resolved, mode)
     budgets = budget if isinstance(budget, list) else parse_budgets(budget)
     cal_cfg = calibration if isinstance(calibration, CalibrationConfig) else CalibrationConfig.from_string(calibration or "")
     sensitivity = sensitivity or bool(budgets)
@@ -500,8 +501,30 @@ def model_geometry(run: RunSetup) -> dict[str, Any]:
 
 
 def engine_schemes(engine: str) -> list[str]:
-    """An engine's menu of KV-cache formats (``all``: every engine's), as kv-compress names them."""
-    return [row["name"] for row in engine_menu(engine)]
+    """An engine's menu of KV-cache formats, as kv-compress names them; ``all``: every serving
+    engine's (write mode), not the KV-sharing systems' serdes (prefix mode, ``--engine lmcache``)."""
+    return [row["name"] for row in engine_menu(engine) if engine != "all" or row["mode"] == "write"]
+
+
+def engine_mode(engine: str) -> str:
+    """How an engine's options are measured (its verdict's mode): ``write`` for a serving engine,
+    which writes every token quantized; ``prefix`` for a KV-sharing system, which stores and restores
+    a finished prefix's cache (``all``: the serving engines')."""
+    return "write" if engine == "all" else engine_menu(engine)[0]["mode"]
+
+
+def check_engine_modes(codecs: list[CodecConfig], mode: str) -> None:
+    """A KV-sharing system's serde (a prefix-mode engine: LMCache) is not run in write mode, where it
+    would be measured as something it never does (ValueError naming the format)."""
+    if mode != "write":
+        return
+    prefix_only = {row["engine"] for row in engine_menu("all") if row["mode"] == "prefix"}
+    for c in codecs:
+        methods = {c.key.method, c.value.method, *(o.scheme.method for o in c.layers)}
+        bad = sorted(m for m in methods if m.partition(":")[0] in prefix_only)
+        if bad:
+            raise ValueError(f"{c.name}: {bad[0]} is a serde of a stored prefix (its engine stores a finished "
+                             "cache, it does not write tokens as they come): measure it with --mode prefix")
 
 
 def default_schemes() -> list[str]:

@@ -1,6 +1,7 @@
 package compression
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -34,6 +35,15 @@ type engine struct {
 	// not divide, citing the source: a format for the format's name, the
 	// head_dim and the block size (%[1]s, %[2]d, %[3]d).
 	blockRule string
+	// mode is how kvlib measures the engine's use of its formats:
+	// "write" (a serving engine quantizes every token as it writes it;
+	// the default when empty) or "prefix" (a KV-sharing system stores
+	// and restores a finished prefix's cache).
+	mode string
+	// unregistered are names the engine's source ships but no
+	// configuration can select, with the one-line refusal a spec naming
+	// one gets (LMCache 0.5.6's asym_k16_v8).
+	unregistered map[string]string
 }
 
 // An engineFormat is one of an engine's cache formats.
@@ -69,10 +79,30 @@ type engineFormat struct {
 	// quantizeDT, when set instead of quantize, also takes the cache's
 	// dtype: a format that rounds an intermediate to it.
 	quantizeDT func(x []float32, dst []byte, dt safetensors.DType) (nonFinite bool)
+	// quantizeScaled and dequantizeScaled, when set instead, also take the
+	// scheme's static scale k (a scaled block format: NVFP4's global scale
+	// is 1/k), and the write counts the values it clamped (saturated).
+	quantizeScaled   func(x []float32, dst []byte, k float32) (nonFinite bool, saturated int)
+	dequantizeScaled func(src []byte, dst []float32, k float32)
 	// encodeAll and decodeAll, for an unblocked type, convert a whole
 	// chunk at once (quantizer.encodeAll); nil for block types.
 	encodeAll func(j *tensorJob, x []float32, qlo, qhi int)
 	decodeAll func(j *tensorJob, y []float32, qlo, qhi int)
+	// identity: the engine stores the cache's own bytes (LMCache's kivi
+	// serde), as none does: bits is nominal, the source dtype's size is
+	// what is stored.
+	identity bool
+	// whole: a format of variable size, coded a tensor at a time
+	// (LMCache's CacheGen): encodeTensor writes the whole of .codes (in
+	// prepare) and decodes it back, decodeTensor parses and checks a
+	// stored .codes before the chunks dequantize it (decodeAll); bins is
+	// the engine's per-tensor decision, recorded in the header (bins).
+	// nominal, when set, is its nominal bits per element.
+	whole        bool
+	bins         func(name string, names []string) (int, error)
+	encodeTensor func(j *tensorJob) error
+	decodeTensor func(j *tensorJob) error
+	nominal      float64
 }
 
 // An engineCombo is an engine option made of one format for K and another
@@ -115,7 +145,7 @@ const (
 )
 
 // engines lists the engines, in the order kv-compress schemes shows them.
-var engines = []*engine{llamaCpp, vllm, sglang, trtllm, exllamaV2, exllamaV3, ocpMX}
+var engines = []*engine{llamaCpp, vllm, sglang, trtllm, exllamaV2, exllamaV3, ocpMX, lmcache}
 
 // engineMethods are the quantizers of every engine format, and the
 // identity scheme none, looked up by quantizerOf after methods.
@@ -159,6 +189,9 @@ func parseEngineBase(base string) (Scheme, error) {
 			return engineScheme(f), nil
 		}
 	}
+	if why, ok := e.unregistered[format]; ok {
+		return Scheme{}, errors.New(why)
+	}
 	menu := make([]string, len(e.formats))
 	for k, f := range e.formats {
 		menu[k] = f.name
@@ -192,6 +225,9 @@ func (s Scheme) validateEngine(f *engineFormat) error {
 		return fmt.Errorf("%s is never rotated by the engine (its rotation is for quantized cache types)", s.Method)
 	case f.scaled && !(float32(s.Scale) > 0 && s.Scale <= math.MaxFloat32):
 		return fmt.Errorf("%s takes a positive finite float32 scale (/scaleS, default 1), got %g", s.Method, s.Scale)
+	case f.quantizeScaled != nil && math.IsInf(float64(1/float32(s.Scale)), 0):
+		return fmt.Errorf("%s takes a scale whose reciprocal, the engine's global scale 1/k_scale, is a finite float32, got %g",
+			s.Method, s.Scale)
 	case !f.scaled && s.Scale != 0:
 		return fmt.Errorf("%s computes its own scales: it takes no /scale", s.Method)
 	}
@@ -304,11 +340,23 @@ type EngineFormatInfo struct {
 	Evidence       string `json:"evidence"`       // executed or read
 	EvidenceDetail string `json:"evidence_detail"`
 	Source         string `json:"source"` // file:line of the arithmetic
+	// Mode is the measurement mode of the engine's use: write (a serving
+	// engine writes every token quantized) or prefix (a KV-sharing
+	// system stores a finished prefix).
+	Mode string `json:"mode"`
 	// ScaleMax, for a format with a static scale, is the largest value
 	// it holds: a calibrated scale is amax / ScaleMax.
 	ScaleMax float64 `json:"scale_max,omitempty"`
 	// SharedScale: one static scale per layer serves K and V alike.
 	SharedScale bool `json:"shared_scale,omitempty"`
+}
+
+// measuredIn is the engine's measurement mode (write unless it says).
+func (e *engine) measuredIn() string {
+	if e.mode == "" {
+		return "write"
+	}
+	return e.mode
 }
 
 // EngineNames lists the engines kv-compress knows.
@@ -336,7 +384,7 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 			}
 			info := EngineFormatInfo{SchemeInfo: SchemeReport("", s), Engine: e.name, Format: f.name, EngineVersion: e.version,
 				Flags: flags, Evidence: f.evidence, EvidenceDetail: e.detail(f), Source: f.source, ScaleMax: f.scaleMax,
-				SharedScale: f.kvScale}
+				SharedScale: f.kvScale, Mode: e.measuredIn()}
 			info.Rotation = "none: the engine never rotates this type"
 			switch {
 			case f.scaled:
@@ -352,7 +400,7 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 			k := quantizerOf(spec.Key.Method).engine
 			info := EngineFormatInfo{SchemeInfo: SchemeReport("", spec), Engine: e.name, Format: c.name, EngineVersion: e.version,
 				Flags: c.flag, Rotation: "as its K and V formats", Evidence: k.evidence,
-				EvidenceDetail: c.why + "; " + e.detail(k), Source: c.why}
+				EvidenceDetail: c.why + "; " + e.detail(k), Source: c.why, Mode: e.measuredIn()}
 			out = append(out, info)
 		}
 	}

@@ -261,6 +261,9 @@ func TestParseEngineSpecs(t *testing.T) {
 		{"k=vllm:fp8_e4m3/scale2.5,v=vllm:fp8_e4m3,k0-1=none", "k=vllm:fp8_e4m3/scale2.5,v=vllm:fp8_e4m3,k0-1=none"},
 		{"vllm:int8_per_token_head,kv3=vllm:fp8_per_token_head", "vllm:int8_per_token_head,k3=vllm:fp8_per_token_head,v3=vllm:fp8_per_token_head"},
 		{`{"key": {"method": "vllm:fp8"}, "value": {"method": "vllm:fp8_e5m2", "scale": 0.25}}`, "k=vllm:fp8,v=vllm:fp8_e5m2/scale0.25"},
+		{"vllm:nvfp4/scale1", "vllm:nvfp4"},
+		{"k=vllm:nvfp4_4over6/scale0.0025,v=trtllm:nvfp4/scale0.5", "k=vllm:nvfp4_4over6/scale0.0025,v=trtllm:nvfp4/scale0.5"},
+		{"vllm:nvfp4/g16/token", "vllm:nvfp4"},
 	} {
 		s, err := ParseSpec(tc.in)
 		if err != nil {
@@ -281,9 +284,9 @@ func TestParseEngineSpecs(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct{ in, want string }{
-		{"tgi:fp8", `unknown engine "tgi" in "tgi:fp8" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp)`},
+		{"tgi:fp8", `unknown engine "tgi" in "tgi:fp8" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, lmcache)`},
 		{"exllamav3:9", `exllamav3 has no KV-cache format "9" (its formats: 2, 3, 4, 5, 6, 7, 8)`},
-		{"trtllm:nvfp4", `trtllm has no KV-cache format "nvfp4" (its formats: fp8, int8)`},
+		{"trtllm:mxfp4", `trtllm has no KV-cache format "mxfp4" (its formats: fp8, int8, nvfp4)`},
 		{"exllamav2:q6/g32", "preset exllamav2:q6 differs by role"},
 		{"exllamav2:q5", `exllamav2 has no KV-cache format "q5" (its formats: fp8, q4, q8)`},
 		{"sglang:fp4", `sglang has no KV-cache format "fp4" (its formats: fp8_e4m3, fp8_e5m2, fp4_e2m1)`},
@@ -384,10 +387,10 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 31 {
+	if all, err := EngineReport("all"); err != nil || len(all) != 34+3 { // + lmcache's fp8, kivi, cachegen
 		t.Errorf("all: %d, %v", len(all), err)
 	}
-	if _, err := EngineReport("tgi"); err == nil || err.Error() != `unknown engine "tgi" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, or all)` {
+	if _, err := EngineReport("tgi"); err == nil || err.Error() != `unknown engine "tgi" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, lmcache, or all)` {
 		t.Errorf("tgi: %v", err)
 	}
 	if all, _ := EngineReport("all"); true {
@@ -398,12 +401,16 @@ func TestEngineReport(t *testing.T) {
 			}
 		}
 		want := map[string]float64{"vllm:fp8": 448, "vllm:fp8_e4m3": 448, "vllm:fp8_e5m2": 57344, "sglang:fp8_e4m3": 448, "sglang:fp8_e5m2": 57344,
-			"trtllm:fp8": 448, "trtllm:int8": 127}
+			"trtllm:fp8": 448, "trtllm:int8": 127, "vllm:nvfp4": 2688, "vllm:nvfp4_4over6": 2688, "trtllm:nvfp4": 2688}
 		if len(tops) != len(want) {
 			t.Errorf("scale_max: %v", tops)
 		}
 		for k, v := range want {
-			if tops[k] != v || !strings.HasSuffix(k, "int8") && float64(fp8Of(k).decode[fp8Of(k).maxCode]) != v {
+			top := float64(fp8Of(k).decode[fp8Of(k).maxCode])
+			if strings.Contains(k, "nvfp4") { // E2M1's largest times E4M3's: what one block scale can hold
+				top *= float64(e2m1Values[7])
+			}
+			if tops[k] != v || !strings.HasSuffix(k, "int8") && top != v {
 				t.Errorf("scale_max of %s: %g, want %g", k, tops[k], v)
 			}
 		}
@@ -426,7 +433,7 @@ func TestEngineReport(t *testing.T) {
 		format string
 		bits   float64
 	}{{"fp8", 8}, {"fp8_e4m3", 8}, {"fp8_e5m2", 8}, {"int8_per_token_head", 8.25}, {"fp8_per_token_head", 8.25},
-		{"int4_per_token_head", 4.25}}
+		{"int4_per_token_head", 4.25}, {"nvfp4", 4.5}, {"nvfp4_4over6", 4.5}}
 	if err != nil || len(rows) != len(want) {
 		t.Fatalf("vllm: %d rows, %v", len(rows), err)
 	}
@@ -730,7 +737,7 @@ func FuzzLlamaCppBlocks(f *testing.F) {
 var engineFuzzSpecs = []string{"llama.cpp:f16", "llama.cpp:q8_0", "llama.cpp:q5_1", "llama.cpp:q5_0", "llama.cpp:q4_1",
 	"llama.cpp:q4_0", "llama.cpp:iq4_nl", "llama.cpp:q4_0/norot", "k=llama.cpp:q8_0,v=llama.cpp:iq4_nl/norot",
 	"llama.cpp:q5_1,kv0=none", "none", "k=none,v=llama.cpp:q4_1+lossless", "sglang:fp4_e2m1", "sglang:fp8_e4m3/scale0.25",
-	"vllm:int8_per_token_head", "k=vllm:fp8_per_token_head,v=sglang:fp4_e2m1", "exllamav2:q4", "exllamav2:q6", "exllamav2:fp8",
+	"vllm:int8_per_token_head", "k=vllm:fp8_per_token_head,v=sglang:fp4_e2m1", "vllm:nvfp4", "vllm:nvfp4_4over6/scale0.05", "k=trtllm:nvfp4/scale3,v=trtllm:nvfp4", "exllamav2:q4", "exllamav2:q6", "exllamav2:fp8",
 	"trtllm:fp8/scale0.125", "k=trtllm:int8/scale0.02,v=trtllm:fp8", "exllamav3:3", "k=exllamav3:4,v=exllamav3:7", "vllm:int4_per_token_head", "ocp:mxfp4", "k=ocp:mxfp8_e4m3,v=ocp:mxfp4"}
 
 // FuzzEngineCompress: caches of any shape, dtype and values through the

@@ -50,6 +50,10 @@ type TensorInfo struct {
 	// Rotation is the Hadamard size an engine format rotated the tensor by
 	// along head_dim (0: none), as the engine decided it for this cache.
 	Rotation int `json:"rotation,omitempty"`
+	// Bins is LMCache CacheGen's bins for the tensor's layer and role (32:
+	// 31 levels, 16: 15), as the engine decided it for this cache; 0 for
+	// every other scheme.
+	Bins int `json:"bins,omitempty"`
 }
 
 // NumElements is the product of the shape.
@@ -131,6 +135,8 @@ func rawPartSize(ti TensorInfo, suffix string) (int, error) {
 		return 0, err
 	}
 	switch {
+	case l.q.engine != nil && l.q.engine.whole:
+		return 0, fmt.Errorf("%s is entropy-coded by the engine: no lossless stage", ti.Scheme.Method)
 	case suffix == CodesSuffix:
 		return l.codeBytes(), nil
 	case suffix == ScalesSuffix && l.q.packed(), suffix == ZerosSuffix && l.q.zeros:
@@ -243,8 +249,25 @@ func checkStored(f *safetensors.File, ti TensorInfo) (*stored, error) {
 		}
 		return nil
 	}
-	if err := want(s.codes, CodesSuffix, safetensors.U8, l.codeBytes()); err != nil {
-		return nil, err
+	whole := l.q.engine != nil && l.q.engine.whole
+	switch {
+	case whole && (ti.Bins != 16 && ti.Bins != 32):
+		return nil, fmt.Errorf("bins %d, want 16 or 32 for %s", ti.Bins, ti.Scheme.Method)
+	case !whole && ti.Bins != 0:
+		return nil, fmt.Errorf("bins %d recorded for scheme %s, which has none", ti.Bins, ti.Scheme)
+	case whole:
+		lo, hi := l.cacheGenSizeRange()
+		if s.codes == nil || s.codes.DType != safetensors.U8 || len(s.codes.Data) < lo || len(s.codes.Data) > hi {
+			got := "missing"
+			if s.codes != nil {
+				got = fmt.Sprintf("%d bytes of %s", len(s.codes.Data), s.codes.DType)
+			}
+			return nil, fmt.Errorf("%s is %s, want %d to %d bytes of U8", CodesSuffix, got, lo, hi)
+		}
+	default:
+		if err := want(s.codes, CodesSuffix, safetensors.U8, l.codeBytes()); err != nil {
+			return nil, err
+		}
 	}
 	if l.q.packed() {
 		s.scales = f.Tensor(ti.Name + ScalesSuffix)

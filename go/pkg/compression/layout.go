@@ -63,6 +63,10 @@ func newLayout(shape []int, s Scheme, dt safetensors.DType, rot int) (*layout, e
 	if s.needs4D() && !l.fourD {
 		return nil, fmt.Errorf("scheme %s needs a 4-D [batch, heads, tokens, head_dim] tensor, shape is %v", s, shape)
 	}
+	if l.q.engine != nil && l.q.engine.whole && !l.fourD {
+		return nil, fmt.Errorf("%s has one scale per token over all heads and needs a 4-D [batch, heads, tokens, head_dim] tensor, shape is %v",
+			s.Method, shape)
+	}
 	if l.fourD {
 		l.b, l.h, l.t, l.d = shape[0], shape[1], shape[2], shape[3]
 		l.tq = l.t - min(s.Residual, l.t)
@@ -179,8 +183,10 @@ func (l *layout) chunk(c int) (u0, u1, nlo, nhi, qlo, qhi int) {
 // codeBytes is the size of the stored codes (packed, or ggml blocks).
 func (l *layout) codeBytes() int {
 	switch {
-	case l.q.identity:
+	case l.q.identity, l.q.engine != nil && l.q.engine.identity:
 		return l.nq * l.esz
+	case l.q.engine != nil && l.q.engine.whole:
+		return 0 // variable: the engine writes it (cacheGenSizeRange bounds it)
 	case !l.q.packed():
 		return l.nq / l.blockElems * l.blockBytes
 	}

@@ -535,9 +535,15 @@ func (j *tensorJob) encodeEngine(x []float32, _ []int8, gi int) error {
 	f, bb := j.l.q.engine, j.l.blockBytes
 	dst := j.codes[gi*bb : (gi+1)*bb]
 	var nonFinite bool
-	if f.quantizeDT != nil {
+	switch {
+	case f.quantizeScaled != nil:
+		var n int
+		if nonFinite, n = f.quantizeScaled(x, dst, float32(j.l.s.Scale)); n > 0 {
+			j.saturated.Add(int64(n))
+		}
+	case f.quantizeDT != nil:
 		nonFinite = f.quantizeDT(x, dst, j.dtype)
-	} else {
+	default:
 		nonFinite = f.quantize(x, dst)
 	}
 	if nonFinite && j.l.rot == 0 {
@@ -548,6 +554,10 @@ func (j *tensorJob) encodeEngine(x []float32, _ []int8, gi int) error {
 
 func (j *tensorJob) decodeEngine(y []float32, _ []int8, gi int) error {
 	f, bb := j.l.q.engine, j.l.blockBytes
+	if f.dequantizeScaled != nil {
+		f.dequantizeScaled(j.codes[gi*bb:(gi+1)*bb], y, float32(j.l.s.Scale))
+		return nil
+	}
 	f.dequantize(j.codes[gi*bb:(gi+1)*bb], y)
 	return nil
 }

@@ -92,6 +92,11 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		if err != nil {
 			return nil, &TensorError{Tensor: t.Name, Err: err}
 		}
+		if f := j.l.q.engine; f != nil && f.bins != nil {
+			if j.bins, err = f.bins(t.Name, names); err != nil {
+				return nil, &TensorError{Tensor: t.Name, Err: err}
+			}
+		}
 		jobs[i] = j
 		for c := 0; c < j.l.numChunks(); c++ {
 			tasks = append(tasks, task{i, c})
@@ -153,7 +158,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		}
 		total.Merge(&acc)
 		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s,
-			Outliers: len(j.out.index), Lossless: coded[i], Rotation: j.l.rotSizeRecorded()})
+			Outliers: len(j.out.index), Lossless: coded[i], Rotation: j.l.rotSizeRecorded(), Bins: j.bins})
 		enc := final[i]
 		out.Tensors = append(out.Tensors, enc...)
 		if restore {
@@ -233,6 +238,11 @@ type tensorJob struct {
 	// saturated counts the values a static-scale format clamped to its
 	// largest finite value (|x / scale| beyond it), as the engine does.
 	saturated atomic.Int64
+	// bins and cg, for a whole-tensor engine format (lmcache:cachegen):
+	// the engine's bins for this tensor (recorded in the header), and the
+	// stored form decoded, which the chunks dequantize.
+	bins int
+	cg   *cacheGenState
 }
 
 // MaxReportedHeads bounds the per-head statistics of one tensor.
@@ -291,6 +301,9 @@ func (l *layout) eachQuantized(yield func(i int) bool) {
 // quantized: sparsity, then outlier selection, each over the quantized
 // elements only.
 func (j *tensorJob) prepare() error {
+	if f := j.l.q.engine; f != nil && f.encodeTensor != nil {
+		return f.encodeTensor(j) // the engine codes the whole tensor (and refuses NaN and Inf)
+	}
 	s := j.l.s
 	if s.Sparsity == 0 && s.Outliers == 0 {
 		return nil
@@ -652,7 +665,7 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 		if err != nil {
 			return nil, nil, &TensorError{Tensor: ti.Name, Err: err}
 		}
-		j.codes, j.out = st.codes.Data, st.outliers
+		j.codes, j.out, j.bins = st.codes.Data, st.outliers, ti.Bins
 		if st.scales != nil {
 			j.scales = u16s(st.scales.Data)
 		}
@@ -666,6 +679,15 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 		for c := 0; c < j.l.numChunks(); c++ {
 			tasks = append(tasks, task{i, c})
 		}
+	}
+	err = forEach(len(jobs), workers, func(_, i int) error { // a whole-tensor format's stored form, parsed and checked
+		if f := jobs[i].l.q.engine; f != nil && f.decodeTensor != nil {
+			return f.decodeTensor(jobs[i])
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	scratch := make([]chunkScratch, workers)
 	err = forEach(len(tasks), workers, func(w, k int) error {

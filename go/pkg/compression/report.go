@@ -94,6 +94,9 @@ type TensorReport struct {
 	// largest finite value, which the engine stores as that value
 	// (vllm:fp8_e4m3 with scale 1: keys beyond ±448).
 	Saturated int64 `json:"saturated,omitempty"`
+	// Bins: LMCache CacheGen's bins for the tensor's layer and role (32
+	// or 16), its decision for this cache.
+	Bins int `json:"bins,omitempty"`
 }
 
 // LosslessSizes is the stored size without the lossless stage, against
@@ -215,6 +218,7 @@ func (r *Report) addTensor(j *tensorJob, acc *Accumulator, heads []Accumulator, 
 		tr.NonFinite += n
 	}
 	tr.Saturated = j.saturated.Load()
+	tr.Bins = j.bins
 	for h := range heads {
 		tr.HeadSums = append(tr.HeadSums, sumsOf(&heads[h]))
 		tr.HeadRMSE = append(tr.HeadRMSE, Float(heads[h].RMSE()))
@@ -305,6 +309,9 @@ func (s Scheme) NominalBits() float64 {
 	q := quantizerOf(s.Method)
 	if q != nil && q.identity {
 		return 16 // nominal: a 16-bit cache (F32 sources store 32)
+	}
+	if q != nil && q.engine != nil && q.engine.nominal > 0 {
+		return q.engine.nominal
 	}
 	if q != nil && q.engine != nil && q.engine.perHead {
 		return float64(q.engine.headBytes(NominalHeadDim)*8) / NominalHeadDim

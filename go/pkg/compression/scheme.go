@@ -160,7 +160,26 @@ func (s Spec) Validate() error {
 	if err := s.Value.Validate(); err != nil {
 		return fmt.Errorf("value scheme: %w", err)
 	}
-	return s.validateLayers()
+	if err := s.validateLayers(); err != nil {
+		return err
+	}
+	if s.Lossless {
+		for _, sc := range append([]Scheme{s.Key, s.Value}, layerSchemes(s.Layers)...) {
+			if q := quantizerOf(sc.Method); q != nil && q.engine != nil && q.engine.whole {
+				return fmt.Errorf("%s is entropy-coded by the engine's own coder: it takes no %s", sc.Method, LosslessSuffix)
+			}
+		}
+	}
+	return nil
+}
+
+// layerSchemes are the schemes of the overrides.
+func layerSchemes(os []Override) []Scheme {
+	out := make([]Scheme, len(os))
+	for i, o := range os {
+		out[i] = o.Scheme
+	}
+	return out
 }
 
 // String is the canonical spec: one scheme when both roles share it,
@@ -330,11 +349,11 @@ func ParseSpec(text string) (Spec, error) {
 	if err != nil {
 		return Spec{}, fmt.Errorf("scheme %q: %w", orig, err)
 	}
+	s.Lossless = s.Lossless || lossless
 	if err := s.Validate(); err != nil {
 		return Spec{}, fmt.Errorf("scheme %q: %w", orig, err)
 	}
 	s.normalize()
-	s.Lossless = s.Lossless || lossless
 	return s, nil
 }
 

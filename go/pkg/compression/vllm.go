@@ -40,7 +40,15 @@ var vllm = &engine{
 	name:    "vllm",
 	version: "vLLM 0.33.0 (wheel, commit 4ba787ec9)",
 	flag:    "--kv-cache-dtype %s",
+	blockRule: "vLLM refuses %[1]s for head_dim %[2]d: its blocks of %[3]d elements must divide head_size " +
+		"(csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu: \"head_size must be divisible by 16 for NVFP4 KV cache\")",
 	detail: func(f *engineFormat) string {
+		if f.quantizeScaled != nil {
+			return "read, and checked against the binary: the CUDA kernel's source (file cited, from the source index) and the " +
+				"0.33.0 wheel's SM100 SASS of reshape_and_cache_nvfp4_kernel (cuobjdump: rcp(6) = 0x3E2AAAAB, the E2M1 thresholds, " +
+				"the FFMA contractions); tests/vllm_reference.py pins the codec bit for bit; no CUDA or Triton writer ran (no GPU " +
+				"here): rcp.approx results are taken as IEEE reciprocals [unverified]"
+		}
 		if f.name == "int4_per_token_head" {
 			return "read, its rotation executed: vLLM's own RHT (fast_hadamard_transform, _get_rht_signs, single_rht; " +
 				"tests/third_party/vllm_int4_rht.py, verbatim from the wheel) runs on the vector caches and gives the codec's " +
@@ -69,8 +77,70 @@ var vllm = &engine{
 			quantize:   perHeadQuantizer(perHeadFP8),
 			dequantize: perHeadDequantizer(perHeadFP8)},
 		vllmInt4,
+		vllmNVFP4, vllmNVFP4FourOverSix,
 	},
 }
+
+// vllmNVFP4 is vLLM 0.33.0's --kv-cache-dtype nvfp4 (nvfp4_4over6 below;
+// the arithmetic shared with TensorRT-LLM is in nvfp4.go).
+//
+// The writer on SM100 (FlashInfer backend, v1/attention/backends/
+// flashinfer.py) is the CUDA kernel reshape_and_cache_nvfp4_kernel
+// (csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu, read through the source
+// index; the wheel has no CUDA source) over cvt_warp_fp16_to_fp4
+// (csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh): one thread per
+// 16 elements of a head vector (NVFP4_ENABLE_ELTS16), the global scale
+// 1.0f / *k_scale_ptr (the layer's _k_scale or _v_scale: the checkpoint's,
+// or 1.0, model_executor/layers/quantization/kv_cache.py:117-169; no
+// dynamic scale), the recipe's guard on the converted scale (float(sf) !=
+// 0: a block whose SF rounds to E4M3 zero stores zero codes). kvlib's
+// /scaleS is k (default 1, the flag alone); a calibrated k is amax / 2688.
+// The kernel refuses head_size % 16 != 0 ("head_size must be divisible by
+// 16 for NVFP4 KV cache"); it dispatches fp16 and bf16 caches only
+// (VLLM_STABLE_DISPATCH_HALF_TYPES): an F32 cache goes through the same
+// float32 arithmetic here, as the kernel would on those values.
+//
+// Not modelled: SM80/90/120, where vLLM writes nvfp4 through FlashInfer
+// 0.7.2.post1's nvfp4_quantize_append_paged_kv_cache_with_slot_mapping,
+// not read.
+//
+// Layout (storage only; kvlib keeps [8 code bytes | scale byte] per
+// block): a page is [K_data | K_scale | V_data | V_scale] (utils/
+// torch_utils.py:542-544, head_size/2 + head_size/16 bytes per token and
+// head); K scales are linear, V scales are written in the 4×4 swizzle of
+// the SM100 trtllm-gen kernels, swizzled_t = (t/4)*4 + s/(S/4),
+// swizzled_s = (s%(S/4))*4 + t%4 (swizzle_scale_offset), which moves
+// bytes, not values.
+var vllmNVFP4 = &engineFormat{name: "nvfp4", bits: 4, elems: nvfp4Block, bytes: nvfp4Bytes, scaled: true, scaleMax: nvfp4ScaleMax, evidence: EvidenceRead,
+	source: "csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu (reshape_and_cache_nvfp4_dispatch, reshape_and_cache_nvfp4_kernel DEFAULT); " +
+		"csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh (cvt_warp_fp16_to_fp4); checked against the wheel's SM100 SASS",
+	quantizeScaled: nvfp4VLLM.quantize, dequantizeScaled: nvfp4Dequantize}
+
+// vllmNVFP4FourOverSix is vLLM 0.33.0's --kv-cache-dtype nvfp4_4over6
+// (NVFP4KVScaleSearch::FOUR_OVER_SIX, "selects between max/6
+// and max/4 scales per 16 values by minimizing squared reconstruction
+// error", config/cache.py): a second candidate with vecMax * 0.25 in
+// place of vecMax * rcp(6); each candidate's error is summed over the 8
+// pairs of the block with round_to_nearest_e2m1, and the /4 one is kept
+// only when its error is strictly smaller (ties keep /6). In 0.33.0 that
+// helper rounds with the thresholds of round to nearest even (<= 0.25,
+// < 0.75, <= 1.25, < 1.75, <= 2.5, < 3.5, <= 5), the same as the stored
+// codes: one version of the file in the source index has half-up
+// thresholds (< 0.25, < 0.75, < 1.25, ...) and a third mode,
+// nvfp4_4over6_k_only, but the wheel's _C_stable_libtorch.abi3.so has no
+// such mode and its SM100 code compares |v| > 0.25, >= 0.75, > 1.25,
+// >= 1.75, > 2.5, >= 3.5, > 5 (FSETP.GTU/GEU). The binary also fixes what
+// the source leaves to the compiler: rcp(6) folded to 0x3E2AAAAB, the
+// global scale an IEEE division, the error's multiply-adds contracted into
+// FFMAs (fourSixError), no shuffle (one thread holds the 16 values).
+// Not verified: rcp.approx results (nvfp4.go), which can also move a
+// near-tie between the two candidates' errors. Otherwise as nvfp4
+// (scales, refusals, layout); nvfp4_4over6 runs on SM100 only
+// (flashinfer.py:655-658 refuses it on SM80/90/120).
+var vllmNVFP4FourOverSix = &engineFormat{name: "nvfp4_4over6", bits: 4, elems: nvfp4Block, bytes: nvfp4Bytes, scaled: true, scaleMax: nvfp4ScaleMax, evidence: EvidenceRead,
+	source: "csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu (cvt_warp_fp16_to_fp4_4over6, nvfp4_candidate_scale, " +
+		"nvfp4_reconstruction_error, round_to_nearest_e2m1; FOUR_OVER_SIX); config/cache.py (the dtype's docstring); checked against the wheel's SM100 SASS",
+	quantizeScaled: nvfp4VLLM4over6.quantize, dequantizeScaled: nvfp4Dequantize}
 
 // An fp8Format is one of the OCP 8-bit float formats, as NVIDIA's
 // satfinite conversion writes it.
