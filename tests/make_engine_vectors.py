@@ -228,7 +228,88 @@ def _cases() -> list[dict]:
     t = tensor("layer_0_key", rng.standard_normal([1, 2, 3, 80]).astype(F32), "F16")
     cases.append(dict(name="f16_hd80", spec="llama.cpp:f16", tensors=[t], schemes={"layer_0_key": ("f16", False)}))
     return (cases + _vllm_cases(rng) + _sglang_cases(rng) + _trtllm_cases(rng) + _exllama_cases(rng) + _mx_cases(rng)
-            + _nvfp4_cases())
+            + _nvfp4_cases() + _turboquant_cases())
+
+
+def _turboquant_cases() -> list[dict]:
+    """vLLM's TurboQuant presets (tests/vllm_reference.py; a generator of their own, so the other
+    vectors stay as they were): each preset on F32, F16 and BF16 caches with head_dim 64, 128 and 256
+    (outlier key channels, an all-zero token-head); the boundary layers stored by none (six layers,
+    three, an override of a boundary slot, --kv-cache-dtype-skip-layers as kv2=none); values past
+    the range (fp16 norms and zeros past 65504, float32 norms past FLT_MAX, FP8 keys past 448), exact
+    zeros of the rotation, V ties, signed zeros; the head_dim refusals and NaN/Inf."""
+    rng = np.random.default_rng(20260707)
+    cases = []
+
+    def schemes(ts, preset, skipped=()):
+        k, v = vr.TURBOQUANT[preset]
+        out = {}
+        for t in ts:
+            layer = int(t["name"].split("_")[1])
+            fmt = k if t["name"].endswith("_key") else v
+            out[t["name"]] = ("none", False) if layer in skipped else (f"vllm:{fmt}", 1.0)
+        return out
+
+    for preset in vr.TURBOQUANT:
+        for dtype in ("F32", "F16", "BF16"):
+            for hd in (64, 128, 256):
+                ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 2 if hd < 256 else 1, hd], r), dtype) for r in ("key", "value")]
+                cases.append(dict(name=f"vllm_{preset}_{dtype.lower()}_hd{hd}", spec=vr.tq_spec(preset), tensors=ts,
+                                  schemes=schemes(ts, preset)))
+    # The boundary rule: of six layers, 0, 1, 4 and 5 are stored as they are; of three, 0 and 2.
+    for preset, n_layers, dtype in (("turboquant_k3v4_nc", 6, "F16"), ("turboquant_k8v4", 3, "BF16")):
+        ts = [tensor(f"layer_{i}_{r}", kv(rng, [1, 2, 2, 64], r), dtype) for i in range(n_layers) for r in ("key", "value")]
+        cases.append(dict(name=f"vllm_{preset}_{n_layers}_layers", spec=vr.tq_spec(preset), tensors=ts,
+                          schemes=schemes(ts, preset, vr.tq_boundary_layers(n_layers))))
+    # --kv-cache-dtype-skip-layers 2 beside the boundary (kv2=none), and a boundary slot set by the user.
+    ts = [tensor(f"layer_{i}_{r}", kv(rng, [1, 2, 2, 128], r), "BF16") for i in range(6) for r in ("key", "value")]
+    cs = schemes(ts, "turboquant_4bit_nc", vr.tq_boundary_layers(6) + [2])
+    cases.append(dict(name="vllm_turboquant_4bit_nc_skip_layer_2", spec=vr.tq_spec("turboquant_4bit_nc") + ",k2=none,v2=none",
+                      tensors=ts, schemes=cs))
+    ts = [tensor(f"layer_{i}_{r}", kv(rng, [1, 2, 2, 64], r), "F16") for i in range(4) for r in ("key", "value")]
+    cs = schemes(ts, "turboquant_3bit_nc", range(4))
+    cs["layer_0_value"] = ("vllm:turboquant_v4", 1.0)
+    cases.append(dict(name="vllm_turboquant_3bit_nc_boundary_override", spec=vr.tq_spec("turboquant_3bit_nc") + ",v0=vllm:turboquant_v4",
+                      tensors=ts, schemes=cs))
+    # Past the range and edges, one token-head each: norms past fp16 (Inf and NaN read back) and past
+    # FLT_MAX (x / Inf = 0), keys past 448, V zeros past fp16, a V range past FLT_MAX (NaN codes: 0),
+    # a rotation with exact zeros (ties to the upper centroid), V on its rounding ties, signed zeros.
+    base = rng.standard_normal((8, 64)).astype(F32)
+    edge = base.copy()
+    edge[0] *= F32(2e4)  # ||k|| ~ 1.6e5: fp16 Inf
+    edge[1] = F32(3e38) * np.sign(base[1])  # squares past FLT_MAX: norm Inf
+    edge[2] = F32(0)
+    edge[2, :2] = F32(1)  # PiT x has exact zeros
+    edge[3] = np.r_[F32(0), F32(15), (np.arange(62) % 15 + F32(0.5)).astype(F32)]  # V scale 1: every half
+    edge[4] = np.r_[F32(-0.0), F32(0.0), np.abs(base[4, 2:])].astype(F32)  # min is a signed zero
+    edge[5] = np.r_[F32(600), F32(-448.5), F32(448), F32(464), base[5, 4:]].astype(F32)  # FP8 past 448
+    edge[6] = np.r_[F32(-1e5), F32(7e4), base[6, 2:]].astype(F32)  # V scale and zero past fp16
+    edge[7] = (base[7] * F32(1e-30)).astype(F32)  # tiny: the 1e-8 floor and the 1e-8 in the norm
+    x = edge.reshape(1, 1, 8, 64)
+    for preset in vr.TURBOQUANT:
+        ts = [tensor(f"layer_0_{r}", x, "F32") for r in ("key", "value")]
+        cases.append(dict(name=f"vllm_{preset}_past_the_range", spec=vr.tq_spec(preset), tensors=ts, schemes=schemes(ts, preset)))
+    # FP8 keys and 4-bit values take head_dim 96; the MSE keys, a power of two (16 to 512).
+    ts = [tensor(f"layer_0_{r}", kv(rng, [1, 2, 3, 96], r), "BF16") for r in ("key", "value")]
+    cases.append(dict(name="vllm_turboquant_k8v4_hd96", spec=vr.tq_spec("turboquant_k8v4"), tensors=ts,
+                      schemes=schemes(ts, "turboquant_k8v4")))
+    errs = [("vllm_turboquant_4bit_nc_hd96_refused", vr.tq_spec("turboquant_4bit_nc"), [1, 2, 2, 96],
+             "vLLM refuses turboquant_k4_nc for head_dim 96"),
+            ("vllm_turboquant_k3v4_nc_hd8_refused", vr.tq_spec("turboquant_k3v4_nc"), [1, 1, 2, 8],
+             "kvlib refuses vLLM's turboquant_k3_nc for head_dim 8"),
+            ("vllm_turboquant_v3_hd20_refused", "k=vllm:turboquant_k8,v=vllm:turboquant_v3", [1, 1, 2, 20],
+             "vLLM refuses turboquant_v3 for head_dim 20"),
+            ("vllm_turboquant_v4_hd5_refused", "k=vllm:turboquant_k8,v=vllm:turboquant_v4", [1, 1, 2, 5],
+             "kvlib refuses vLLM's turboquant_v4 for head_dim 5"),
+            ("vllm_turboquant_inf", vr.tq_spec("turboquant_4bit_nc"), [1, 1, 2, 64], "NaN or Inf cannot be quantized")]
+    for name, spec, shape, msg in errs:
+        x = rng.standard_normal(shape).astype(F32)
+        if name.endswith("_inf"):
+            x.reshape(-1)[3] = np.inf
+        role = "key" if "hd96" in name or "hd8" in name or name.endswith("_inf") else "value"
+        cases.append(dict(name=name, spec=spec, tensors=[tensor(f"layer_0_{role}", x, "F32")], schemes={f"layer_0_{role}": (None, True)},
+                          error=msg))
+    return cases
 
 
 NVFP4_FORMATS = [("vllm", f) for f in vr.NVFP4] + [("trtllm", "nvfp4")]

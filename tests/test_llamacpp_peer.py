@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvlib.report.llamacpp import agreement
-from kvlib.runs.llamacpp import (CacheTypes, ChunkRun, Comparison, SideBySide, delta, delta_ci, kvlib_spec, paired_ci,
-                                 parse_chunks, parse_types)
+from kvlib.runs.llamacpp import (CacheTypes, ChunkRun, Comparison, SideBySide, chunk_ids, delta, delta_ci,
+                                 first_difference, gguf_bos, kvlib_spec, paired_ci, parse_chunks, parse_types)
 from kvlib.scoring.perplexity import plan_chunks
 
 # llama-perplexity --ppl-output-type 1 on SmolLM2-135M, WikiText-2 valid, -c 2048 (first 3 rows).
@@ -35,6 +35,26 @@ def test_the_plan_is_llamacpps():
     w = plan_chunks(20_000, 2048, 8)
     assert len(w) == 8 and (w[1].begin, w[1].end, w[1].num_targets) == (2048, 4096, 1023)
     assert len(plan_chunks(5000, 2048)) == 2  # whole chunks only
+
+
+def test_each_chunk_starts_with_bos_where_llamacpp_puts_it():
+    """llama-perplexity replaces each chunk's first token by BOS when the model adds one (Gemma-3);
+    SmolLM2's GGUF adds none, and its ids stay as tokenized."""
+    ids = [2] + list(range(10, 29))
+    x = chunk_ids(ids, 8, 2, bos=2)[0].tolist()
+    assert x[0] == 2 and x[8] == 2 and x[16] == ids[16] and x[1:8] == ids[1:8]
+    assert chunk_ids(ids[1:], 8, 2, bos=2)[0].tolist() == ids[1:]  # no BOS at the start: none added
+    assert chunk_ids(ids, 8, 2, bos=None)[0].tolist() == ids
+    from kvlib.models.zoo import EMBEDDED
+    from kvlib.models.sources import resolve_model
+    src = resolve_model(EMBEDDED)
+    assert gguf_bos(Path(src.path) / src.gguf_file) is None
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
 
 
 def test_settings_name_their_flags_and_specs():

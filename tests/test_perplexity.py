@@ -99,3 +99,22 @@ def test_embedded_model_through_the_real_cli(embedded, tmp_path, cli):
     assert res.compressed_perplexity != res.baseline_perplexity  # INT4 changes something
     assert math.isfinite(res.context_delta) and res.context_scored_tokens == 128 + (500 - 384)
     assert 3 < res.baseline_perplexity < 200
+
+
+def test_a_special_tokens_spelling_in_the_text_is_text():
+    """WikiText-2 spells rare words ``<unk>``: tokenized as its characters (llama-perplexity's
+    parse_special false), not as the tokenizer's unknown-token id."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from kvlib.models.corpus import Corpus, tokenize
+
+    chars = "<unk> a"
+    vocab = {"<unk>": 0, "<s>": 1, **{c: i + 2 for i, c in enumerate(dict.fromkeys(chars))}}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<s>")
+    text = "a <unk> a"
+    assert 0 in tok(text).input_ids  # a tokenizer's default maps the spelling to the control token
+    ids = tokenize(tok, Corpus("t", text))[0].tolist()
+    assert 0 not in ids and ids == [vocab[c] for c in text]

@@ -24,6 +24,8 @@ saturating; tests/test_vllm_formats.py checks them against torch's own float8 ca
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 
@@ -88,6 +90,8 @@ def saturated(x: np.ndarray, fmt: str, scale: float) -> int:
     """How many values a static scale puts beyond the format's largest finite value (stored as it)."""
     if fmt in NVFP4:
         return compress_nvfp4(x, fmt, scale)[2]
+    if fmt == "turboquant_k8":  # no scale: beyond 448 the largest
+        return int(np.sum(np.abs(np.asarray(x, F32)) > F32(448)))
     if fmt not in PER_TENSOR:
         return 0
     with np.errstate(over="ignore"):
@@ -154,6 +158,8 @@ def compress_nvfp4(x: np.ndarray, fmt: str, scale: float = 1.0) -> tuple[bytes, 
 
 
 def compress_tensor(x: np.ndarray, fmt: str, scale: float = 1.0, dtype: str = "F32") -> tuple[bytes, np.ndarray]:
+    if fmt.startswith("turboquant_"):
+        return compress_turboquant(x, fmt)
     if fmt in NVFP4:
         return compress_nvfp4(x, fmt, scale)[:2]
     if fmt == "int4_per_token_head":
@@ -162,3 +168,167 @@ def compress_tensor(x: np.ndarray, fmt: str, scale: float = 1.0, dtype: str = "F
         return quantize_per_head(x, fmt)
     raw, y = quantize_per_tensor(x, fmt, scale)
     return raw, y.reshape(np.shape(x))
+
+
+# --- TurboQuant (vllm:turboquant_*: model_executor/layers/quantization/turboquant/, ----------------
+# v1/attention/ops/triton_turboquant_store.py, triton_turboquant_decode.py, backends/turboquant_attn.py)
+
+TURBOQUANT = {  # preset -> (its K format, its V format), config.py:20-41
+    "turboquant_k8v4": ("turboquant_k8", "turboquant_v4"),
+    "turboquant_4bit_nc": ("turboquant_k4_nc", "turboquant_v4"),
+    "turboquant_k3v4_nc": ("turboquant_k3_nc", "turboquant_v4"),
+    "turboquant_3bit_nc": ("turboquant_k3_nc", "turboquant_v3"),
+}
+TQ_BITS = {"turboquant_k4_nc": 4, "turboquant_k3_nc": 3, "turboquant_v4": 4, "turboquant_v3": 3}
+TQ_BOUNDARY = 2  # TurboQuantConfig.get_boundary_skip_layers's n (config.py:180)
+
+
+def tq_spec(preset: str) -> str:
+    """A preset's canonical spec, its K and V formats."""
+    k, v = TURBOQUANT[preset]
+    return f"k=vllm:{k},v=vllm:{v}"
+
+
+def tq_centroids(d: int, bits: int) -> np.ndarray:
+    """vLLM's own Lloyd-Max centroids: its solver (tests/third_party/vllm_turboquant_centroids.py,
+    verbatim) run here, as get_centroids(d, bits) returns them (float32)."""
+    return _tq_centroids(d, bits).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _tq_centroids(d: int, bits: int) -> np.ndarray:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "third_party" / "vllm_turboquant_centroids.py"
+    spec = importlib.util.spec_from_file_location("vllm_turboquant_centroids", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_centroids(d, bits).numpy().astype(F32)
+
+
+def tq_hadamard_entry(d: int) -> np.float32:
+    """|PiT[i][j]|: torch's float32 1.0 / float32(math.sqrt(d)) (turboquant_attn.py:116-120)."""
+    return F32(1) / F32(np.sqrt(np.float64(d)))
+
+
+def tq_rotate(rows: np.ndarray) -> np.ndarray:
+    """PiT applied to each row: the float32 butterfly (stride 1 first), times the entry."""
+    return (_butterfly(np.asarray(rows, F32)) * tq_hadamard_entry(rows.shape[-1])).astype(F32)
+
+
+def _sum_squares_in_order(rows: np.ndarray) -> np.ndarray:
+    """Each row's sum of float32 squares, added in index order in float32."""
+    s = np.zeros(rows.shape[0], F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for j in range(rows.shape[1]):
+            s = (s + (rows[:, j] * rows[:, j]).astype(F32)).astype(F32)
+    return s
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Rows of codes: 4-bit two a byte (even index low); 3-bit 8 in 24 little-endian bits."""
+    codes = codes.astype(np.uint32)
+    if bits == 4:
+        return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    g = codes.reshape(codes.shape[0], -1, 8)
+    p = np.sum(g << (np.arange(8, dtype=np.uint32) * 3), axis=-1, dtype=np.uint32)
+    return np.stack([p & 0xFF, (p >> 8) & 0xFF, (p >> 16) & 0xFF], axis=-1).reshape(codes.shape[0], -1).astype(np.uint8)
+
+
+def _unpack(packed: np.ndarray, bits: int, d: int) -> np.ndarray:
+    if bits == 4:
+        return np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[0], d).astype(np.int64)
+    b = packed.reshape(packed.shape[0], -1, 3).astype(np.uint32)
+    p = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    return ((p[..., None] >> (np.arange(8, dtype=np.uint32) * 3)) & 7).reshape(packed.shape[0], d).astype(np.int64)
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.asarray(v, F32).astype(np.float16).astype("<f2").view(np.uint8).reshape(-1, 2)
+
+
+def _f16_read(b: np.ndarray) -> np.ndarray:
+    return b.copy().view("<f2")[:, 0].astype(F32)
+
+
+def tq_key_mse(rows: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """MSE keys (_tq_fused_store_mse and its launcher, store.py:220-447): ||k|| (float32 squares summed
+    in order, rounded root), x / (||k|| + 1e-8), rotated, each index the count of midpoints <= it
+    (the midpoints float32 (c_k + c_k+1)/2); stored indices then fp16(||k||). Read with norm correction
+    (decode.py:394-409): c / sqrt(sum c^2 + 1e-16) (in order) times fp16(||k||), rotated back."""
+    rows = np.asarray(rows, F32)
+    n, d = rows.shape
+    cents = tq_centroids(d, bits)
+    mids = ((cents[:-1] + cents[1:]).astype(F32) / F32(2)).astype(F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        norm = np.sqrt(_sum_squares_in_order(rows)).astype(F32)
+        y = tq_rotate((rows / (norm + F32(1e-8)).astype(F32)[:, None]).astype(F32))
+    idx = np.sum(y[:, :, None] >= mids[None, None, :], axis=-1)  # a NaN counts no midpoint
+    blocks = np.concatenate([_pack(idx, bits), _f16_bytes(norm)], axis=1)
+    return blocks, tq_key_mse_read(blocks, bits, d)
+
+
+def tq_key_mse_read(blocks: np.ndarray, bits: int, d: int) -> np.ndarray:
+    nb = (d * bits + 7) // 8
+    c = tq_centroids(d, bits)[_unpack(blocks[:, :nb], bits, d)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        inv = (F32(1) / np.sqrt((_sum_squares_in_order(c) + F32(1e-16)).astype(F32))).astype(F32)
+        z = (_f16_read(blocks[:, nb:nb + 2])[:, None] * (c * inv[:, None]).astype(F32)).astype(F32)
+        return tq_rotate(z)
+
+
+def _signed_min(rows: np.ndarray) -> np.ndarray:
+    """min with -0.0 below +0.0 (Go's min), whatever the order of the row."""
+    m = rows.min(axis=1)
+    neg0 = np.any((rows == 0) & np.signbit(rows), axis=1)
+    return np.where((m == 0) & neg0, F32(-0.0), m).astype(F32)
+
+
+def _signed_max(rows: np.ndarray) -> np.ndarray:
+    m = rows.max(axis=1)
+    pos0 = np.any((rows == 0) & ~np.signbit(rows), axis=1)
+    return np.where((m == 0) & pos0, F32(0.0), m).astype(F32)
+
+
+def tq_value(rows: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Values (_store_quantized_value, store.py:25-136): scale = (max - min) / (2^b - 1) floored at 1e-8,
+    q = clamp(trunc((v - min) / scale + 0.5), 0, 2^b - 1) (NaN: 0), then fp16(scale), fp16(min).
+    Read: q * scale + min with the fp16 values (decode.py:411-450)."""
+    rows = np.asarray(rows, F32)
+    top = F32(2 ** bits - 1)
+    lo, hi = _signed_min(rows), _signed_max(rows)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sc = ((hi - lo).astype(F32) / top).astype(F32)
+        scale = np.where(sc > F32(1e-8), sc, F32(1e-8)).astype(F32)
+        q = (((rows - lo[:, None]).astype(F32) / scale[:, None]).astype(F32) + F32(0.5)).astype(F32)
+        k = np.where(np.isnan(q), F32(0), np.clip(np.trunc(q), F32(0), top)).astype(np.int64)
+    blocks = np.concatenate([_pack(k, bits), _f16_bytes(scale), _f16_bytes(lo)], axis=1)
+    return blocks, tq_value_read(blocks, bits, rows.shape[1])
+
+
+def tq_value_read(blocks: np.ndarray, bits: int, d: int) -> np.ndarray:
+    nb = (d * bits + 7) // 8
+    k = _unpack(blocks[:, :nb], bits, d).astype(F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return ((k * _f16_read(blocks[:, nb:nb + 2])[:, None]).astype(F32)
+                + _f16_read(blocks[:, nb + 2:nb + 4])[:, None]).astype(F32)
+
+
+def compress_turboquant(x: np.ndarray, fmt: str) -> tuple[bytes, np.ndarray]:
+    """One tensor ([..., head_dim]) through a TurboQuant half: its stored bytes and its read."""
+    x = np.asarray(x, F32)
+    rows = x.reshape(-1, x.shape[-1])
+    if fmt == "turboquant_k8":  # k.float() to float8 e4m3, no scale (SM90+: satfinite, nearest even)
+        codes = fp8_codes(rows.reshape(-1), "fp8_e4m3")
+        return codes.tobytes(), fp8_values(codes, "fp8_e4m3").reshape(x.shape)
+    bits = TQ_BITS[fmt]
+    blocks, y = tq_key_mse(rows, bits) if fmt.startswith("turboquant_k") else tq_value(rows, bits)
+    return blocks.tobytes(), y.reshape(x.shape)
+
+
+def tq_boundary_layers(num_layers: int, n: int = TQ_BOUNDARY) -> list[int]:
+    """The layers a TurboQuant cache keeps unquantized (config.py:205-213, a dense model)."""
+    n = min(n, num_layers // 2)
+    return sorted(set(range(n)) | set(range(num_layers - n, num_layers)))

@@ -84,8 +84,12 @@ def _load_dataset(name: str, config: str, split: str) -> Corpus:
 
 
 def tokenize(tokenizer: Any, corpus: Corpus) -> torch.Tensor:
-    """Token ids [1, N] of the whole text, with the tokenizer's default special tokens."""
-    ids = tokenizer(corpus.text, return_tensors="pt").input_ids
+    """Token ids [1, N] of the whole text, with the tokenizer's default added special tokens (BOS).
+    The text is text: a special token's spelling in it (WikiText-2's literal ``<unk>``, 11,718 times
+    in the validation split) is tokenized as characters, as llama-perplexity does (parse_special
+    false), not mapped to the control token a model never saw in training (Gemma-3's ``<unk>`` id
+    costs it 14 to 41 nats each)."""
+    ids = tokenizer(corpus.text, return_tensors="pt", split_special_tokens=True).input_ids
     if ids.shape[1] < 2:
         raise ValueError(f"corpus {corpus.name!r} tokenizes to {ids.shape[1]} token(s): nothing to score")
     return ids

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from gguf import GGUFReader
 
 from kvlib.codec.server import SharedContext, shared_server
@@ -129,6 +130,49 @@ def run_llama_perplexity(binary: Path, gguf: Path, text: Path, n_ctx: int, chunk
     return ChunkRun(nll, n_ctx - n_ctx // 2 - 1, time.perf_counter() - t0)
 
 
+def llama_token_ids(binary: Path, gguf: Path, text: Path, timeout: float = 600) -> list[int]:
+    """The ids llama-perplexity scores: ``llama-tokenize`` (built beside it) with special tokens not
+    parsed, as perplexity.cpp's common_tokenize(ctx, prompt, true) leaves parse_special false
+    (tools/perplexity/perplexity.cpp:473, common/common.h:1119); the tokenizer's BOS first when it
+    adds one."""
+    tool = binary.parent / "llama-tokenize"
+    argv = [str(tool), "-m", str(gguf), "-f", str(text), "--ids", "--log-disable", "--no-parse-special"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LlamaCppError(f"llama-tokenize exited {proc.returncode}: {last}")
+    return [int(t) for t in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+def gguf_bos(path: Path) -> int | None:
+    """The BOS id llama.cpp puts at each chunk's start (None when the GGUF's tokenizer adds none)."""
+    fields = GGUFReader(str(path)).fields
+
+    def value(key: str) -> Any:
+        f = fields.get(key)
+        return None if f is None else f.parts[f.data[0]][0]
+
+    add = value("tokenizer.ggml.add_bos_token")
+    bos = value("tokenizer.ggml.bos_token_id")
+    return int(bos) if bos is not None and (add is None or bool(add)) else None
+
+
+def chunk_ids(ids: list[int], n_ctx: int, chunks: int, bos: int | None) -> torch.Tensor:
+    """llama-perplexity's input: each chunk's first token replaced by BOS when the model adds one
+    (perplexity.cpp:567-568, ``tokens[seq_start] = llama_vocab_bos(vocab)`` for j == 0)."""
+    x = torch.tensor([ids], dtype=torch.long)
+    if bos is not None and ids and ids[0] == bos:
+        for i in range(min(chunks, len(ids) // n_ctx)):
+            x[0, i * n_ctx] = bos
+    return x
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token sequences differ (None: equal)."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return i if i is not None or len(a) == len(b) else min(len(a), len(b))
+
+
 def delta(run: ChunkRun, base: ChunkRun, idx: np.ndarray | None = None) -> float:
     """Perplexity delta of ``run`` against ``base`` on the chunks ``idx`` (default all)."""
     a, b = np.asarray(run.nll), np.asarray(base.nll)
@@ -197,6 +241,8 @@ class SideBySide:
     kvlib_base_nll: list[float] = field(default_factory=list)
     rows: list[Comparison] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    # both sides score llama-tokenize's ids; where kvlib's own tokenizer first differs (None: nowhere)
+    tokens: dict[str, Any] = field(default_factory=dict)
 
     @property
     def targets_per_chunk(self) -> int:
@@ -209,7 +255,7 @@ class SideBySide:
     def from_dict(cls, d: dict) -> "SideBySide":
         """A run back from its JSON (each side's CI recomputed from the chunks' NLLs when absent)."""
         r = cls(**{k: d[k] for k in ("model", "text", "n_ctx", "chunks", "engine_base_ppl", "kvlib_base_ppl",
-                                     "engine_base_nll", "kvlib_base_nll", "seconds")})
+                                     "engine_base_nll", "kvlib_base_nll", "seconds")}, tokens=d.get("tokens", {}))
         per = r.targets_per_chunk
         for row in d["rows"]:
             c = Comparison(CacheTypes(**row["setting"]), row["kvlib_spec"], row["engine_delta"], row["kvlib_delta"],
@@ -272,12 +318,16 @@ def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int 
         engine[s] = run_llama_perplexity(binary, gguf, text, n_ctx, chunks, s, threads)
     t1 = time.perf_counter()
     model, tok = load_model_and_tokenizer(str(gguf), device="cpu")
-    ids = tokenize(tok, load_corpus(str(text)))
+    theirs = llama_token_ids(binary, gguf, text)
+    ids = chunk_ids(theirs, n_ctx, chunks, gguf_bos(gguf))
+    tokens = {"source": "llama-tokenize --no-parse-special", "count": len(theirs), "bos_each_chunk": gguf_bos(gguf),
+              "kvlib_tokenizer_differs_at": first_difference(tokenize(tok, load_corpus(str(text)))[0].tolist(), theirs)}
     with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
         say("kvlib write mode on the same chunks...")
         ours = run_kvlib(model, ids, n_ctx, chunks, settings, gguf_architecture(gguf), Path(tmp))
     result = SideBySide(str(gguf.name), corpus or str(text), n_ctx, chunks, engine[base].perplexity, ours[base].perplexity,
-                        engine[base].nll, ours[base].nll, seconds={"llama.cpp_s": t1 - t0, "kvlib_s": time.perf_counter() - t1})
+                        engine[base].nll, ours[base].nll, seconds={"llama.cpp_s": t1 - t0, "kvlib_s": time.perf_counter() - t1},
+                        tokens=tokens)
     for s in settings[1:]:
         result.rows.append(Comparison(s, kvlib_spec(s), delta(engine[s], engine[base]), delta(ours[s], ours[base]),
                                       paired_ci(engine[s], engine[base], ours[s], ours[base]),
