@@ -108,11 +108,23 @@ def test_schemes_lists_vllm(cli):
     rows = json.loads(subprocess.run([cli, "schemes", "-engine", "vllm"], capture_output=True, text=True, check=True).stdout)
     assert [r["format"] for r in rows] == list(vr.FORMATS)
     for r in rows:
-        assert r["engine_version"] == vr.VERSION and r["evidence"] == "read" and r["flags"] == f"--kv-cache-dtype {r['format']}"
+        # TurboQuant's MSE presets: vLLM's own store and read ran on the vectors (test_turboquant_* below)
+        executed = r["format"] in vr.TURBOQUANT_PRESETS and r["format"] != "turboquant_k8v4"
+        assert r["engine_version"] == vr.VERSION and r["flags"] == f"--kv-cache-dtype {r['format']}"
+        assert r["evidence"] == ("executed" if executed else "read"), r
         assert r["source"] and "Triton" in r["evidence_detail"]
+    for preset, (k, v) in vr.TURBOQUANT.items():  # a K format and a V format, named as the preset
+        row = rows[vr.FORMATS.index(preset)]
+        assert row["name"] == f"vllm:{preset}" and row["scheme"] == vr.tq_spec(preset), row
+        assert row["key_scheme"]["method"] == f"vllm:{k}" and row["value_scheme"]["method"] == f"vllm:{v}"
     bits = {r["format"]: r["key_bits_per_element"] for r in rows}
     assert bits["fp8_e4m3"] == 8 and bits["int8_per_token_head"] == 8.25  # 8 + a float32 scale per 128
     assert bits["nvfp4"] == bits["nvfp4_4over6"] == 4.5  # 4 + an 8-bit scale per 16
+    # at head_dim 128 (config.py:128-175): K 128 FP8 bytes, or 64 / 48 code bytes + an fp16 norm;
+    # V 64 / 48 code bytes + fp16 scale and zero: 196, 134, 118 and 102 bytes per token and head
+    vbits = {r["format"]: r["value_bits_per_element"] for r in rows}
+    slot = {p: (bits[p] + vbits[p]) * 128 / 8 for p in vr.TURBOQUANT_PRESETS}
+    assert slot == {"turboquant_k8v4": 196, "turboquant_4bit_nc": 134, "turboquant_k3v4_nc": 118, "turboquant_3bit_nc": 102}
     tops = {r["format"]: r.get("scale_max") for r in rows}
     assert tops["nvfp4"] == tops["nvfp4_4over6"] == 6 * 448 and tops["fp8_e4m3"] == 448
     every = json.loads(subprocess.run([cli, "schemes", "-engine", "all"], capture_output=True, text=True, check=True).stdout)
@@ -130,7 +142,7 @@ def test_kvq_headers_of_engine_formats_follow_the_schema(cli, tmp_path):
     header_ok = jsonschema.Draft202012Validator(schema)
     records_ok = jsonschema.Draft202012Validator({"$defs": schema["$defs"], "$ref": "#/$defs/TensorRecords"})
     wanted = ("vllm_fp8_e4m3_calibrated", "vllm_int8_per_token_head_bf16_hd128", "vllm_skip_layer_0", "vllm_per_role",
-              "q4_0_f16_hd64", "per_role_q8_0_q4_0")
+              "q4_0_f16_hd64", "per_role_q8_0_q4_0", "vllm_turboquant_k3v4_nc_6_layers", "vllm_turboquant_k8v4_3_layers")
     for case in (c for c in VECTORS["cases"] if c["name"] in wanted):
         src, kvq = tmp_path / f"{case['name']}.safetensors", tmp_path / f"{case['name']}.kvq"
         _write(src, case["tensors"])
@@ -258,3 +270,196 @@ def test_nvfp4_vectors_hold_the_engines_choices():
     assert np.all(blocks["nvfp4_4over6"][fours, :8] == 0x66)  # 4 at scale 1: code 6
     assert blocks["nvfp4"][fours, 8] == four_sixths != one
     assert blocks["nvfp4"][tiny, 8] == 0 and np.all(blocks["nvfp4"][tiny, :8] & 0x77 == 0)
+
+
+# --- TurboQuant: vLLM's own code ----------------------------------------------------------------------
+
+THIRD = make_engine_vectors.OUT.parent.parent / "third_party"
+TQ_ENGINE = json.loads((make_engine_vectors.OUT.parent / "vllm_turboquant_engine.json").read_text())
+TQ_FILES = {  # tests/third_party/README.md
+    "vllm_turboquant_centroids.py": "c91906fe27c0a1b2f76811935336978d929e6a11d0b4aa71a3472d9c14744a05",
+    "vllm_turboquant_config.py": "203190625cdec38a551b0f40ddfedb5fd053cc38f50c0c2c47816a777c030f6c",
+    "vllm_turboquant_attn.py": "36e831db1e9eb6bdf90aa66bb7e22f20e42ef6eb50b1d2c2f8bd02e9a6ca073e",
+    "vllm_turboquant_store.py": "4d186dbac269a47e8e4c3ab468b1cb3d145eb0d7dbb097b99168f3454e52813a",
+    "vllm_turboquant_dequant.py": "ec69d2d6e6e1e14a63a5e1e8fe1fc8633d31b51ec517c88d5b88dc0b78609f9b",
+}
+TQ_CASES = [c for c in VLLM if c["name"].startswith("vllm_turboquant_")]
+
+
+def _third_party(name: str):
+    import hashlib
+    import importlib.util
+    import sys
+
+    path = THIRD / f"{name}.py"
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == TQ_FILES[path.name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # config.py's dataclass looks its module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _dense(num_layers: int):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(is_hybrid=False, hf_text_config=SimpleNamespace(num_hidden_layers=num_layers))
+
+
+def test_turboquant_vectors_cover_the_issue():
+    names = {c["name"] for c in TQ_CASES}
+    for preset in vr.TURBOQUANT:
+        for dtype in ("f32", "f16", "bf16"):
+            for hd in (64, 128, 256):
+                assert f"vllm_{preset}_{dtype}_hd{hd}" in names
+        past = next(c for c in TQ_CASES if c["name"] == f"vllm_{preset}_past_the_range")
+        assert sum(t["non_finite"] for t in past["tensors"]) > 0  # fp16 norms and zeros past 65504: Inf, NaN
+    past = next(c for c in TQ_CASES if c["name"] == "vllm_turboquant_k8v4_past_the_range")
+    x = np.frombuffer(bytes.fromhex(past["tensors"][0]["input_hex"]), "<f4")
+    assert past["tensors"][0]["saturated"] == int(np.sum(np.abs(x) > 448)) > 64  # FP8 keys with no scale clamp at 448
+    assert sum("error" in c for c in TQ_CASES) >= 5
+    skipped = {c["name"]: sorted({t["name"] for t in c["tensors"] if "format" not in t}) for c in TQ_CASES if "error" not in c}
+    assert skipped["vllm_turboquant_k3v4_nc_6_layers"] == [f"layer_{i}_{r}" for i in (0, 1, 4, 5) for r in ("key", "value")]
+    assert skipped["vllm_turboquant_k8v4_3_layers"] == [f"layer_{i}_{r}" for i in (0, 2) for r in ("key", "value")]
+    assert "layer_0_value" not in skipped["vllm_turboquant_3bit_nc_boundary_override"]
+
+
+def test_turboquant_config_and_boundary_are_vllms():
+    """vLLM's own config.py (verbatim): the presets' formats and slot sizes are kv-compress's, and its
+    get_boundary_skip_layers gives the layers the vectors and the CLI store with none."""
+    config = _third_party("vllm_turboquant_config")
+    for preset, (k, v) in vr.TURBOQUANT.items():
+        for d in (64, 128, 256):
+            cfg = config.TurboQuantConfig.from_cache_dtype(preset, d)
+            assert cfg.key_fp8 == (k == "turboquant_k8") and cfg.norm_correction == (k != "turboquant_k8")
+            assert cfg.key_mse_bits == vr.TQ_BITS.get(k, 0) and cfg.value_quant_bits == vr.TQ_BITS[v]
+            case = next(c for c in TQ_CASES if c["name"] == f"vllm_{preset}_bf16_hd{d}")
+            rows = {t["name"]: len(bytes.fromhex(t["parts"][".codes"])) // int(np.prod(t["shape"][:3])) for t in case["tensors"]}
+            assert (rows["layer_0_key"], rows["layer_0_value"]) == (cfg.key_packed_size, cfg.value_packed_size)
+            assert cfg.slot_size_aligned == cfg.slot_size  # no padding byte at these head sizes
+    with pytest.raises(ValueError, match="Unknown TurboQuant cache dtype"):
+        config.TurboQuantConfig.from_cache_dtype("ultraquant_4bit", 128)
+    for n in range(1, 70):
+        want = [int(i) for i in config.TurboQuantConfig.get_boundary_skip_layers(_dense(n))]
+        assert vr.tq_boundary_layers(n) == want
+        if str(n) in TQ_ENGINE["boundary_layers"]:
+            assert TQ_ENGINE["boundary_layers"][str(n)] == want
+
+
+def test_turboquant_centroids_are_vllms_solver():
+    """vLLM computes its Lloyd-Max centroids at run time (centroids.py, float64 CPython); its solver,
+    run here verbatim, gives the tables recorded beside the engine's output, which go test compares
+    with the ones kv-compress embeds."""
+    centroids = _third_party("vllm_turboquant_centroids")
+    assert len(TQ_ENGINE["centroids"]) == 12
+    for key, want in TQ_ENGINE["centroids"].items():
+        d, b = map(int, key.split("/"))
+        got = centroids.solve_lloyd_max(d, b)[0].numpy().view(np.uint32)
+        assert [f"{u:08x}" for u in got] == want, key
+
+
+def test_turboquant_rotation_is_vllms_up_to_the_order_of_its_sums():
+    """vLLM's store rotates with torch: ||k||, x / (||k|| + 1e-8), x_hat @ PiT (triton_turboquant_store.py:
+    414-417, PiT from _build_hadamard_cached, verbatim). Run here on the CPU on every MSE vector, with the
+    kernel's index (the count of midpoints <= y, its binary search) and fp16 norm: kv-compress's bytes,
+    whose sums run in another order (float32 butterfly, in-order squares)."""
+    import torch
+
+    attn = _third_party("vllm_turboquant_attn")
+    from kvq_reference import decode
+
+    n = 0
+    for c in TQ_CASES:
+        if "error" in c:
+            continue
+        for t in c["tensors"]:
+            fmt = t.get("format", "").removeprefix("vllm:")
+            if fmt not in ("turboquant_k4_nc", "turboquant_k3_nc"):
+                continue
+            b, d = vr.TQ_BITS[fmt], t["shape"][-1]
+            pit = attn._build_hadamard_cached(d, "cpu")
+            assert np.array_equal(np.abs(pit.numpy()), np.full((d, d), vr.tq_hadamard_entry(d)))
+            k = torch.from_numpy(decode(bytes.fromhex(t["input_hex"]), t["dtype"]).reshape(-1, d))
+            norms = k.norm(dim=1, keepdim=True)
+            y = ((k / (norms + 1e-8)) @ pit).numpy()
+            cents = torch.from_numpy(vr.tq_centroids(d, b))
+            c_sorted, _ = cents.sort()
+            mids = ((c_sorted[:-1] + c_sorted[1:]) / 2).numpy()  # turboquant_attn.py:470-472
+            idx = np.sum(y[:, :, None] >= mids[None, None, :], axis=-1)
+            nb = (d * b + 7) // 8
+            ours = np.frombuffer(bytes.fromhex(t["parts"][".codes"]), np.uint8).reshape(-1, nb + 2)
+            assert np.array_equal(vr._unpack(ours[:, :nb], b, d), idx), (c["name"], t["name"])
+            with np.errstate(over="ignore"):
+                assert np.array_equal(ours[:, nb:].copy().view("<u2")[:, 0], norms[:, 0].numpy().astype(np.float16).view(np.uint16))
+            n += 1
+    assert n == 27 + 2 + 1 + 3  # the grid, the six-layer cache, skip_layer_2, past_the_range
+
+
+def _read_ours(t: dict, fmt: str, d: int) -> np.ndarray:
+    """kv-compress's stored head vectors read as vLLM's _tq_full_dequant_kv does (fp16; MSE keys in the
+    rotated basis, norm times the renormalised centroids)."""
+    raw = np.frombuffer(bytes.fromhex(t["parts"][".codes"]), np.uint8)
+    with np.errstate(all="ignore"):
+        if fmt == "turboquant_k8":
+            return vr.fp8_values(raw, "fp8_e4m3").astype(np.float16).reshape(-1, d)
+        b = vr.TQ_BITS[fmt]
+        nb = (d * b + 7) // 8
+        if fmt.startswith("turboquant_v"):
+            return vr.tq_value_read(raw.reshape(-1, nb + 4), b, d).astype(np.float16)
+        rows = raw.reshape(-1, nb + 2)
+        c = vr.tq_centroids(d, b)[vr._unpack(rows[:, :nb], b, d)]
+        inv = (np.float32(1) / np.sqrt((vr._sum_squares_in_order(c) + np.float32(1e-16)).astype(np.float32))).astype(np.float32)
+        return (vr._f16_read(rows[:, nb:nb + 2])[:, None] * (c * inv[:, None]).astype(np.float32)).astype(np.float16)
+
+
+def test_turboquant_bytes_and_reads_are_vllms():
+    """vLLM's own store and read (tests/vllm_turboquant_harness.py: the launcher with torch on the CPU,
+    the Triton kernels in Triton's interpreter; FP8 keys as SM90+'s satfinite cast) on every vector
+    layer TurboQuant quantizes: kv-compress's K and V bytes are the engine's, and so are the reads."""
+    cases = {c["name"]: c for c in TQ_CASES}
+    quantized = {(c["name"], t["name"].rsplit("_", 1)[0]) for c in TQ_CASES if "error" not in c for t in c["tensors"]
+                 if t.get("format") in tuple(f"vllm:{f}" for f in vr.TURBOQUANT[next(p for p in vr.TURBOQUANT if c["spec"].startswith(vr.tq_spec(p)))])}
+    assert {(e["case"], e["layer"]) for e in TQ_ENGINE["layers"]} <= quantized and len(TQ_ENGINE["layers"]) == 45
+    assert TQ_ENGINE["vllm_version"] == vr.VERSION
+    for e in TQ_ENGINE["layers"]:
+        ts = {t["name"]: t for t in cases[e["case"]]["tensors"]}
+        for role, fmt in zip(("key", "value"), vr.TURBOQUANT[e["preset"]]):
+            t = ts[f"{e['layer']}_{role}"]
+            assert t["parts"][".codes"] == e[f"{role}_hex"], (e["case"], role)
+            theirs = np.frombuffer(bytes.fromhex(e[f"{role}_read_hex"]), "<f2")
+            ours = _read_ours(t, fmt, t["shape"][-1]).reshape(-1)
+            assert np.array_equal(ours, theirs, equal_nan=True), (e["case"], role)
+
+
+def test_turboquant_harness_reruns(monkeypatch):
+    """Where triton is installed, vLLM's kernels run again (in Triton's interpreter) and give the
+    recorded output."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # before triton is imported: it reads it then
+    pytest.importorskip("triton")
+    import vllm_turboquant_harness as h
+
+    picked = [c for c in TQ_CASES if c["name"] in ("vllm_turboquant_k3v4_nc_bf16_hd128", "vllm_turboquant_3bit_nc_past_the_range",
+                                                    "vllm_turboquant_k8v4_f16_hd64", "vllm_turboquant_4bit_nc_skip_layer_2")]
+    got = h.build(picked)["layers"]
+    recorded = [e for e in TQ_ENGINE["layers"] if e["case"] in {c["name"] for c in picked}]
+    assert got == recorded and len(got) == 4
+
+
+def test_turboquant_halves_take_their_role(cli):
+    for spec, msg in (("vllm:turboquant_v4", "is the value half of vllm's TurboQuant presets"),
+                      ("vllm:turboquant_k3v4_nc,v1=vllm:turboquant_k8", "layer 1 value scheme: vllm:turboquant_k8 is the key half")):
+        proc = subprocess.run([cli, "check", "-scheme", spec], capture_output=True, text=True)
+        assert proc.returncode != 0 and msg in proc.stderr and proc.stderr.count("\n") == 1
+    proc = subprocess.run([cli, "check", "-scheme", "vllm:ultraquant_4bit"], capture_output=True, text=True)
+    assert proc.returncode != 0 and "ROCm only" in proc.stderr and "log2" in proc.stderr
+
+
+def test_turboquant_leaves_the_query_exact():
+    """TURBOQUANT never quantizes Q (supports_quant_query_input = False, turboquant_attn.py:308); its MSE
+    decode rotates Q by PiT in float32 (triton_turboquant_decode.py:519-528), which the cache's read in
+    the model's basis stands for; the FP8-key decode multiplies Q as it is (:522-523)."""
+    from kvlib.codec.spec import resolve_codec
+    from kvlib.transforms.engine import query_codec
+
+    for preset in vr.TURBOQUANT:
+        assert query_codec(resolve_codec(f"vllm:{preset}").key) is None

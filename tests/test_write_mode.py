@@ -240,3 +240,29 @@ def test_a_sweep_keys_llamacpp_formats_by_the_models_channel_order(tiny_dir, tmp
     keys = [p.read_text() for p in (tmp_path / "store").rglob("*.json")]
     assert any("channel order gguf" in k for k in keys) and not any("channel order model" in k for k in keys)
     assert r.schemes[0].name == "llama.cpp:q8_0"
+
+
+def test_turboquant_write_mode_keeps_the_boundary_layers_exact(tiny_llama, tmp_path, cli):
+    """A TurboQuant cache keeps the model's first and last two layers unquantized (vLLM's
+    get_boundary_skip_layers); write mode sends one layer at a time, so its write path sends those
+    through ``none`` once write_cache has told it the model's layer count; Q stays exact."""
+    from kvlib.transforms.codec import cache_transforms
+    from kvlib.transforms.engine import EngineWrite, boundary_layers, write_key
+
+    codecs = [resolve_codec(s) for s in ("vllm:turboquant_k3v4_nc", "vllm:turboquant_k8v4", "vllm:int4_per_token_head")]
+    assert [boundary_layers(c) for c in codecs] == [2, 2, 0]
+    ts, _ = cache_transforms(codecs, tmp_path, "t", mode="write", architecture="llama")
+    t = ts["vllm:turboquant_k3v4_nc"]
+    assert type(t) is EngineWrite and t.boundary == 2 and t.query is None and not t.converts_queries
+    assert type(ts["vllm:int4_per_token_head"]) is not EngineWrite
+    assert t.key.endswith(", the first and last 2 layers unquantized") and t.key == codecs[0].spec + write_key(codecs[0], "llama")
+    with pytest.raises(RuntimeError, match="layer count is unknown"):
+        t.kept_exact(0)
+    write_cache(tiny_llama, t, [])
+    assert t.num_layers == 22 and [i for i in range(22) if t.kept_exact(i)] == [0, 1, 20, 21]
+    g = torch.Generator().manual_seed(3)
+    k, v = torch.randn(1, 2, 8, 64, generator=g), torch.randn(1, 2, 8, 64, generator=g)
+    for layer, exact in ((0, True), (1, True), (2, False), (19, False), (20, True), (21, True)):
+        k2, v2, m = t.roundtrip_layer(layer, k, v)
+        assert (torch.equal(k2, k) and torch.equal(v2, v)) == exact, layer
+        assert m.bits_per_element == (32 if exact else (3.25 + 4.5) / 2)  # float32 kept; 3 + 16/64, 4 + 32/64

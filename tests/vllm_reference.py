@@ -17,6 +17,10 @@ Production code never imports it. Paths are relative to the vllm package of the 
 - NVFP4 (nvfp4, nvfp4_4over6): csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu over
   quantization/fp4/nvfp4_utils.cuh, checked against the wheel's SM100 SASS: tests/nvfp4_reference.py,
   with the guard on the converted block scale (float(sf) != 0) and, for nvfp4_4over6, the /4 candidate.
+- TurboQuant (turboquant_k8v4, turboquant_4bit_nc, turboquant_k3v4_nc, turboquant_3bit_nc: each a K
+  format and a V format, below): v1/attention/ops/triton_turboquant_store.py and its launcher, the
+  read of triton_turboquant_decode.py, the centroids of vLLM's own solver (run here, verbatim), the
+  boundary layers of config.py; tests/vllm_turboquant_harness.py runs vLLM's own code on the vectors.
 
 The float8 casts are ml_dtypes' (round to nearest even), after the clamp that makes them
 saturating; tests/test_vllm_formats.py checks them against torch's own float8 casts.
@@ -38,7 +42,8 @@ VERSION = "vLLM 0.33.0 (wheel, commit 4ba787ec9)"
 PER_TENSOR = ("fp8", "fp8_e4m3", "fp8_e5m2")
 PER_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 NVFP4 = ("nvfp4", "nvfp4_4over6")
-FORMATS = PER_TENSOR + PER_HEAD + NVFP4  # kv-compress schemes -engine vllm, in this order
+TURBOQUANT_PRESETS = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")  # K/V pairs
+FORMATS = PER_TENSOR + PER_HEAD + NVFP4 + TURBOQUANT_PRESETS  # kv-compress schemes -engine vllm, in this order
 STATIC_SCALE = PER_TENSOR + NVFP4  # the formats with a static per-tensor scale (/scaleS)
 FP8 = {"fp8": (ml_dtypes.float8_e4m3fn, 448.0), "fp8_e4m3": (ml_dtypes.float8_e4m3fn, 448.0),
        "fp8_e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
@@ -173,7 +178,7 @@ def compress_tensor(x: np.ndarray, fmt: str, scale: float = 1.0, dtype: str = "F
 # --- TurboQuant (vllm:turboquant_*: model_executor/layers/quantization/turboquant/, ----------------
 # v1/attention/ops/triton_turboquant_store.py, triton_turboquant_decode.py, backends/turboquant_attn.py)
 
-TURBOQUANT = {  # preset -> (its K format, its V format), config.py:20-41
+TURBOQUANT = {  # preset -> (its K format, its V format), config.py:20-41; TURBOQUANT_PRESETS's order
     "turboquant_k8v4": ("turboquant_k8", "turboquant_v4"),
     "turboquant_4bit_nc": ("turboquant_k4_nc", "turboquant_v4"),
     "turboquant_k3v4_nc": ("turboquant_k3_nc", "turboquant_v4"),
@@ -332,3 +337,6 @@ def tq_boundary_layers(num_layers: int, n: int = TQ_BOUNDARY) -> list[int]:
     """The layers a TurboQuant cache keeps unquantized (config.py:205-213, a dense model)."""
     n = min(n, num_layers // 2)
     return sorted(set(range(n)) | set(range(num_layers - n, num_layers)))
+
+
+assert tuple(TURBOQUANT) == TURBOQUANT_PRESETS

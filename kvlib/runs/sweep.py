@@ -43,7 +43,7 @@ from kvlib.scoring.store import ResultsStore, unit_key
 from kvlib.scoring.units import ScoringPlan, decode, encode
 from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
 from kvlib.transforms.codec import cache_transforms
-from kvlib.transforms.engine import write_path, write_path_key
+from kvlib.transforms.engine import write_key
 
 MIX_PREFIX = "mix@"  # the name of a budget's mixed scheme: mix@3.25
 
@@ -259,7 +259,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     # the model's architecture (the engines' write path depends on it): given, or the model's config
     architecture = architecture or getattr(getattr(lm, "config", None), "model_type", None)
     described = {c.name: (CodecRoundtrip.kind, c.spec,
-                          c.spec + (write_path_key(*write_path(c, architecture)) if mode == "write" else ""))
+                          c.spec + (write_key(c, architecture) if mode == "write" else ""))
                  for c in codecs}
     if missing_peer is None:
         described.update({t.name: (t.kind, t.spec, t.key) for t in peer_list})

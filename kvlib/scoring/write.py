@@ -63,6 +63,9 @@ def write_cache(model: Any, transform: Any, sink: list) -> Any:
     attention gets (and the cache keeps) the reconstructions. Each layer's metrics go to ``sink``.
     NonFiniteWrite when a layer's K or V is already NaN or Inf."""
     cache = new_cache(model)
+    set_layers = getattr(transform, "set_num_layers", None)
+    if set_layers is not None:  # an engine write path that keeps the model's boundary layers exact
+        set_layers(len(cache.layers))
     update = cache.update
 
     def write(key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kw: Any) -> Any:

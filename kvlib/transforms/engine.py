@@ -19,6 +19,15 @@ has one (attention/attention.py:470-526; kv_cache.py:147-196 sets it to 1.0 even
 and the per-token-head formats leave Q exact (attention.py:517; triton_attn.py:648-652). vLLM
 keeps the model's channel order.
 
+vLLM's TurboQuant presets never quantize Q (``supports_quant_query_input = False``,
+v1/attention/backends/turboquant_attn.py:308): the MSE decode rotates Q by the same Hadamard in
+float32 (triton_turboquant_decode.py:519-528), which the cache's read in the model's basis stands
+for, and the FP8-key decode multiplies Q as it is, so Q stays exact. What they do change is which
+layers are quantized: a TurboQuant cache keeps the first and last two layers of the model at the
+model's dtype (TurboQuantConfig.get_boundary_skip_layers). kv-compress applies that rule to a whole
+cache; write mode sends one layer at a time, so here those layers go through ``none`` instead
+(``boundary_layers``, from kv-compress's menu; the model's layer count from ``write_cache``).
+
 And for SGLang (0.5.10.post1): with ``fp8_e4m3`` its FlashAttention-3 backend (the default on Hopper)
 casts Q with a plain ``q.to(torch.float8_e4m3fn)``, no scale, when head_dim <= 256
 (srt/layers/attention/flashattention_backend.py): ``k=sglang:fp8_e4m3,v=none``, NaN past 464 as the
@@ -27,11 +36,12 @@ cast gives. fp8_e5m2 runs on the triton backend there; its Q is left exact here.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import torch
 
-from kvlib.codec.spec import CodecConfig, Scheme, resolve_codec
+from kvlib.codec.spec import CodecConfig, Scheme, engine_menu, resolve_codec
 from kvlib.transforms.base import CacheTransform, CodecRoundtrip
 
 # GGUF architectures whose converter permutes Q/K into interleaved pairs (transformers reverses
@@ -64,16 +74,52 @@ def query_codec(key: Scheme) -> CodecConfig | None:
     return None
 
 
+@lru_cache(maxsize=1)
+def _boundary_by_method() -> dict[str, int]:
+    """Each engine format's boundary rule (kv-compress's menu: an option's ``boundary_layers``, given
+    to its K and V formats)."""
+    out: dict[str, int] = {}
+    for row in engine_menu("all"):
+        for role in ("key_scheme", "value_scheme"):
+            m = row[role]["method"]
+            out[m] = max(out.get(m, 0), int(row.get("boundary_layers") or 0))
+    return out
+
+
+def boundary_layers(codec: CodecConfig) -> int:
+    """How many layers at each end of the model the engine keeps unquantized when ``codec``'s K or V
+    default is its format (vLLM's TurboQuant: 2); 0 for none."""
+    table = _boundary_by_method()
+    return max(table.get(codec.key.method, 0), table.get(codec.value.method, 0))
+
+
 class EngineWrite(CacheTransform):
     """Write mode as the engine computes it: ``inner`` writes K and V in the engine's channel order,
-    and ``query`` (a round trip of the same kind) converts Q as the engine does."""
+    ``query`` (a round trip of the same kind) converts Q as the engine does, and with ``boundary``
+    the first and last ``min(boundary, L/2)`` of the model's L layers go through ``skip`` (a ``none``
+    round trip) instead, as the engine keeps them unquantized (``write_cache`` says L)."""
 
     kind: ClassVar[str] = "kvq"
 
-    def __init__(self, inner: CodecRoundtrip, query: CodecRoundtrip | None, permuted: bool) -> None:
+    def __init__(self, inner: CodecRoundtrip, query: CodecRoundtrip | None, permuted: bool, boundary: int = 0,
+                 skip: CodecRoundtrip | None = None) -> None:
         self.inner, self.query, self.permuted = inner, query, permuted
+        self.boundary, self.skip, self.num_layers = boundary, skip, None
         self.seconds = inner.seconds
         self.converts_queries = query is not None  # type: ignore[misc]
+
+    def set_num_layers(self, n: int) -> None:
+        """The model's layer count (``write_cache`` calls it before a written forward)."""
+        self.num_layers = n
+
+    def kept_exact(self, layer: int) -> bool:
+        """Whether the engine keeps ``layer`` unquantized (a boundary layer)."""
+        if not self.boundary:
+            return False
+        if self.num_layers is None:
+            raise RuntimeError(f"{self.name}: the engine keeps boundary layers exact, but the model's layer count is unknown")
+        n = min(self.boundary, self.num_layers // 2)
+        return layer < n or layer >= self.num_layers - n
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -85,7 +131,7 @@ class EngineWrite(CacheTransform):
 
     @property
     def key(self) -> str:
-        return self.inner.key + write_path_key(self.query.codec if self.query else None, self.permuted)
+        return self.inner.key + write_path_key(self.query.codec if self.query else None, self.permuted, self.boundary)
 
     def _to_engine(self, x: torch.Tensor) -> torch.Tensor:
         return x[..., gguf_order(x.shape[-1])].contiguous() if self.permuted else x
@@ -94,6 +140,8 @@ class EngineWrite(CacheTransform):
         return x[..., torch.argsort(gguf_order(x.shape[-1]))].contiguous() if self.permuted else x
 
     def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, Any]:
+        if self.skip is not None and self.kept_exact(layer):
+            return self.skip.roundtrip_layer(layer, key, value)
         k, v, m = self.inner.roundtrip_layer(layer, self._to_engine(key), value)
         return self._to_model(k), v, m
 
@@ -112,11 +160,17 @@ def write_path(codec: CodecConfig, architecture: str | None) -> tuple[CodecConfi
     return query_codec(key), key.method.startswith("llama.cpp:") and architecture in PERMUTED_ARCHITECTURES
 
 
-def write_path_key(query: CodecConfig | None, permuted: bool) -> str:
+def write_path_key(query: CodecConfig | None, permuted: bool, boundary: int = 0) -> str:
     """What the write path adds to a unit's key ("" when it does nothing): known before anything loads."""
-    if query is None and not permuted:
+    if query is None and not permuted and not boundary:
         return ""
-    return f" | engine write path: query {query.spec if query else 'exact'}, channel order {'gguf' if permuted else 'model'}"
+    kept = f", the first and last {boundary} layers unquantized" if boundary else ""
+    return f" | engine write path: query {query.spec if query else 'exact'}, channel order {'gguf' if permuted else 'model'}{kept}"
+
+
+def write_key(codec: CodecConfig, architecture: str | None) -> str:
+    """``write_path_key`` of ``codec``'s whole write path."""
+    return write_path_key(*write_path(codec, architecture), boundary_layers(codec))
 
 
 def engine_write(inner: CodecRoundtrip, make: Any, architecture: str | None) -> CacheTransform:
@@ -124,6 +178,8 @@ def engine_write(inner: CodecRoundtrip, make: Any, architecture: str | None) -> 
     converts Q or reorders channels (``make(codec)`` builds the query's round trip of the same
     kind); else ``inner`` itself."""
     query, permuted = write_path(inner.codec, architecture)
-    if query is None and not permuted:
+    boundary = boundary_layers(inner.codec)
+    if query is None and not permuted and not boundary:
         return inner
-    return EngineWrite(inner, make(query) if query is not None else None, permuted)
+    return EngineWrite(inner, make(query) if query is not None else None, permuted, boundary,
+                       make(resolve_codec("none")) if boundary else None)

@@ -1,17 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 # Copied verbatim from vllm/v1/attention/ops/triton_turboquant_decode.py in the vllm-0.33.0 wheel
-# (commit 4ba787ec9), lines 316-455 (_tq_full_dequant_kv, the read of the continuation prefill),
-# and from vllm/v1/attention/backends/turboquant_attn.py, lines 115-120 (_build_hadamard_cached,
-# the rotation PiT). Only their imports are written here (triton and triton.language as tl: what
-# vllm.triton_utils re-exports).
+# (commit 4ba787ec9), lines 316-455 (_tq_full_dequant_kv, the read of the continuation prefill).
+# Only its imports are written here (triton and triton.language as tl: what vllm.triton_utils
+# re-exports).
 # ruff: noqa
 # fmt: off
 
-import functools
-import math
-
-import torch
 import triton
 import triton.language as tl
 
@@ -155,11 +150,3 @@ def _tq_full_dequant_kv(
 
     vo_base = bid * stride_vo_b + hid * stride_vo_h + pos * stride_vo_s
     tl.store(V_out_ptr + vo_base + d_offs, v_vals.to(tl.float16), mask=d_mask)
-
-
-@functools.cache
-def _build_hadamard_cached(d: int, device_str: str) -> torch.Tensor:
-    H = torch.tensor([[1.0]])
-    while H.shape[0] < d:
-        H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
-    return (H / math.sqrt(d)).to(torch.device(device_str))

@@ -103,6 +103,22 @@ type engineFormat struct {
 	encodeTensor func(j *tensorJob) error
 	decodeTensor func(j *tensorJob) error
 	nominal      float64
+	// role, when set, is the one role the format is for: it is half of an
+	// engine option that pairs a K format with a V format (vLLM's
+	// TurboQuant presets), listed as that option (a combo), not alone;
+	// pairs names those options for the refusal of the other role.
+	role  Role
+	pairs string
+	// headSize, for a per-head format whose head vector is not its codes
+	// and a float32 scale, is the bytes of one head vector of d elements;
+	// headRule refuses a head_dim the engine does not take (nil: any).
+	headSize func(d int) int
+	headRule func(d int) error
+	// boundary is how many layers at each end of the model the engine
+	// keeps unquantized whenever the format is the cache's (vLLM keeps the
+	// first and last two of a TurboQuant cache at the model's dtype):
+	// kv-compress stores them with none (withEngineSkips).
+	boundary int
 }
 
 // An engineCombo is an engine option made of one format for K and another
@@ -192,9 +208,14 @@ func parseEngineBase(base string) (Scheme, error) {
 	if why, ok := e.unregistered[format]; ok {
 		return Scheme{}, errors.New(why)
 	}
-	menu := make([]string, len(e.formats))
-	for k, f := range e.formats {
-		menu[k] = f.name
+	var menu []string
+	for _, f := range e.formats {
+		if f.role == "" {
+			menu = append(menu, f.name)
+		}
+	}
+	for _, c := range e.combos {
+		menu = append(menu, c.name)
 	}
 	return Scheme{}, fmt.Errorf("%s has no KV-cache format %q (its formats: %s)", e.name, format, strings.Join(menu, ", "))
 }
@@ -210,7 +231,12 @@ func engineScheme(f *engineFormat) Scheme {
 
 // headBytes is the bytes of one head vector of d elements of a
 // per-token-head format: its codes and a float32 scale.
-func (f *engineFormat) headBytes(d int) int { return d*f.bits/8 + 4 }
+func (f *engineFormat) headBytes(d int) int {
+	if f.headSize != nil {
+		return f.headSize(d)
+	}
+	return d*f.bits/8 + 4
+}
 
 // validateEngine checks a scheme of an engine format: its width and
 // block are the format's, and only the engine's own switch is set.
@@ -295,7 +321,11 @@ func engineRotation(s Scheme, r Role, shape []int, hd headDims) (*RotationInfo, 
 		return nil, nil
 	}
 	f := q.engine
-	if len(shape) == 4 && f.perHead && shape[3]*f.bits%8 != 0 {
+	if len(shape) == 4 && f.headRule != nil {
+		if err := f.headRule(shape[3]); err != nil {
+			return nil, err
+		}
+	} else if len(shape) == 4 && f.perHead && shape[3]*f.bits%8 != 0 {
 		return nil, fmt.Errorf("%s refuses head_dim %d: its %d-bit codes fill whole bytes per head vector "+
 			"(v1/attention/ops/int4_per_token_head.py:273 asserts head_size %% 2 == 0)", s.Method, shape[3], f.bits)
 	}
@@ -349,6 +379,10 @@ type EngineFormatInfo struct {
 	ScaleMax float64 `json:"scale_max,omitempty"`
 	// SharedScale: one static scale per layer serves K and V alike.
 	SharedScale bool `json:"shared_scale,omitempty"`
+	// BoundaryLayers is how many layers at each end of a model the engine
+	// keeps unquantized with this option (vLLM's TurboQuant: 2); kv-compress
+	// stores them with none when it compresses a whole cache.
+	BoundaryLayers int `json:"boundary_layers,omitempty"`
 }
 
 // measuredIn is the engine's measurement mode (write unless it says).
@@ -377,6 +411,9 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 			continue
 		}
 		for _, f := range e.formats {
+			if f.role != "" { // half of a combo: listed as the combo
+				continue
+			}
 			s := both(engineScheme(f))
 			flags := f.flags
 			if flags == "" {
@@ -398,9 +435,15 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 		for _, c := range e.combos {
 			spec, _ := namedSpec(e.name + ":" + c.name)
 			k := quantizerOf(spec.Key.Method).engine
+			v := quantizerOf(spec.Value.Method).engine
+			source := c.why
+			if k.role != "" { // halves listed only as this option: their source is its own
+				source += "; " + k.source
+			}
 			info := EngineFormatInfo{SchemeInfo: SchemeReport("", spec), Engine: e.name, Format: c.name, EngineVersion: e.version,
 				Flags: c.flag, Rotation: "as its K and V formats", Evidence: k.evidence,
-				EvidenceDetail: c.why + "; " + e.detail(k), Source: c.why, Mode: e.measuredIn()}
+				EvidenceDetail: c.why + "; " + e.detail(k), Source: source, Mode: e.measuredIn(),
+				BoundaryLayers: max(k.boundary, v.boundary)}
 			out = append(out, info)
 		}
 	}
@@ -408,4 +451,85 @@ func EngineReport(name string) ([]EngineFormatInfo, error) {
 		return nil, fmt.Errorf("unknown engine %q (engines: %s, or all)", name, engineNames())
 	}
 	return out, nil
+}
+
+// checkEngineRoles refuses a format that is one role's half of an engine
+// option (vllm:turboquant_v4) in a slot of the other role: the engine
+// writes that role with it and never the other.
+func (s Spec) checkEngineRoles() error {
+	check := func(sc Scheme, r Role, where string) error {
+		q := quantizerOf(sc.Method)
+		if q == nil || q.engine == nil || q.engine.role == "" || q.engine.role == r {
+			return nil
+		}
+		f := q.engine
+		return fmt.Errorf("%s: %s is the %s half of %s's %s: it takes %s tensors only, not %ss",
+			where, sc.Method, f.role, f.engine.name, f.pairs, f.role, r)
+	}
+	if err := check(s.Key, KeyRole, "key scheme"); err != nil {
+		return err
+	}
+	if err := check(s.Value, ValueRole, "value scheme"); err != nil {
+		return err
+	}
+	for _, o := range s.Layers {
+		if err := check(o.Scheme, o.Role, fmt.Sprintf("layer %d %s scheme", o.Layer, o.Role)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// withEngineSkips is s with the layers its engine keeps unquantized
+// stored by none: when a role's default is a format with a boundary rule
+// (vLLM's TurboQuant, TurboQuantConfig.get_boundary_skip_layers,
+// model_executor/layers/quantization/turboquant/config.py:177-213, merged
+// into --kv-cache-dtype-skip-layers by engine/arg_utils.py:2334-2351), the
+// first n and the last n of the cache's layers, n = min(boundary, L/2) for
+// the L layers the cache holds (layer_{i}_key and layer_{i}_value, in
+// order of i), both roles, as vLLM gives a skipped layer the model's dtype
+// for K and V (attention/attention.py:299-321). A cache holding every layer
+// of a dense model gets vLLM's layers 0..n-1 and L-n..L-1; a file holding
+// part of a model's layers has no way to say where the model begins and
+// ends, and the rule applies to the layers it holds (one layer: n = 0). An
+// override the spec sets for such a slot is the user's and stays.
+func (s Spec) withEngineSkips(names []string) Spec {
+	n := 0
+	for _, sc := range []Scheme{s.Key, s.Value} {
+		if q := quantizerOf(sc.Method); q != nil && q.engine != nil {
+			n = max(n, q.engine.boundary)
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	roles := map[int][]Role{}
+	var layers []int
+	for _, name := range names {
+		l, r, ok := slotOf(name)
+		if !ok {
+			continue
+		}
+		if _, seen := roles[l]; !seen {
+			layers = append(layers, l)
+		}
+		if !slices.Contains(roles[l], r) {
+			roles[l] = append(roles[l], r)
+		}
+	}
+	slices.Sort(layers)
+	n = min(n, len(layers)/2)
+	out := s
+	out.Layers = slices.Clone(s.Layers)
+	for i, l := range layers {
+		if i >= n && i < len(layers)-n {
+			continue
+		}
+		for _, r := range roles[l] {
+			if _, set := s.override(l, r); !set {
+				out.Layers = append(out.Layers, Override{Layer: l, Role: r, Scheme: noneScheme()})
+			}
+		}
+	}
+	return out
 }

@@ -288,7 +288,7 @@ func TestParseEngineSpecs(t *testing.T) {
 		{"exllamav3:9", `exllamav3 has no KV-cache format "9" (its formats: 2, 3, 4, 5, 6, 7, 8)`},
 		{"trtllm:mxfp4", `trtllm has no KV-cache format "mxfp4" (its formats: fp8, int8, nvfp4)`},
 		{"exllamav2:q6/g32", "preset exllamav2:q6 differs by role"},
-		{"exllamav2:q5", `exllamav2 has no KV-cache format "q5" (its formats: fp8, q4, q8)`},
+		{"exllamav2:q5", `exllamav2 has no KV-cache format "q5" (its formats: fp8, q4, q8, q6)`}, // q6: the named K/V pair
 		{"sglang:fp4", `sglang has no KV-cache format "fp4" (its formats: fp8_e4m3, fp8_e5m2, fp4_e2m1)`},
 		{"sglang:fp4_e2m1/scale2", "computes its own scales"},
 		{"vllm:fp8/scale0", "vllm:fp8 takes a positive finite float32 scale"},
@@ -387,7 +387,7 @@ func TestEngineReport(t *testing.T) {
 	if rows[0].KeyBits != 16 || rows[6].KeyBits != 4.5 || rows[1].KeyBits != 8.5 {
 		t.Errorf("bits %g %g %g", rows[0].KeyBits, rows[6].KeyBits, rows[1].KeyBits)
 	}
-	if all, err := EngineReport("all"); err != nil || len(all) != 34+3 { // + lmcache's fp8, kivi, cachegen
+	if all, err := EngineReport("all"); err != nil || len(all) != 34+3+4 { // + lmcache's fp8, kivi, cachegen; vLLM's four TurboQuant presets
 		t.Errorf("all: %d, %v", len(all), err)
 	}
 	if _, err := EngineReport("tgi"); err == nil || err.Error() != `unknown engine "tgi" (engines: llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, lmcache, or all)` {
@@ -433,15 +433,24 @@ func TestEngineReport(t *testing.T) {
 		format string
 		bits   float64
 	}{{"fp8", 8}, {"fp8_e4m3", 8}, {"fp8_e5m2", 8}, {"int8_per_token_head", 8.25}, {"fp8_per_token_head", 8.25},
-		{"int4_per_token_head", 4.25}, {"nvfp4", 4.5}, {"nvfp4_4over6", 4.5}}
+		{"int4_per_token_head", 4.25}, {"nvfp4", 4.5}, {"nvfp4_4over6", 4.5},
+		// the TurboQuant presets at head_dim 128: K codes + an fp16 norm (or FP8), V codes + fp16 scale and zero
+		{"turboquant_k8v4", 8}, {"turboquant_4bit_nc", 4.125}, {"turboquant_k3v4_nc", 3.125}, {"turboquant_3bit_nc", 3.125}}
 	if err != nil || len(rows) != len(want) {
 		t.Fatalf("vllm: %d rows, %v", len(rows), err)
 	}
 	for i, r := range rows {
+		evidence := EvidenceRead
+		if strings.HasPrefix(r.Format, "turboquant_") && r.Format != "turboquant_k8v4" {
+			evidence = EvidenceExecuted // vLLM's own store and read ran on the vector caches
+		}
 		if r.Format != want[i].format || r.KeyBits != want[i].bits || r.Flags != "--kv-cache-dtype "+r.Format ||
-			!strings.Contains(r.EngineVersion, "0.33.0") || r.Evidence != EvidenceRead || r.Source == "" {
+			!strings.Contains(r.EngineVersion, "0.33.0") || r.Evidence != evidence || r.Source == "" {
 			t.Errorf("vllm row %d: %+v", i, r)
 		}
+	}
+	if rows[8].ValueBits != 4.25 || rows[11].ValueBits != 3.25 || rows[8].Scheme != "k=vllm:turboquant_k8,v=vllm:turboquant_v4" {
+		t.Errorf("turboquant rows: %+v %+v", rows[8], rows[11])
 	}
 }
 

@@ -70,6 +70,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 	if err := cfg.Spec.checkSlots(names); err != nil {
 		return nil, err
 	}
+	spec := cfg.Spec.withEngineSkips(names) // the layers the engine keeps unquantized, as none
 	workers := cfg.workers()
 	jobs := make([]*tensorJob, len(src.Tensors))
 	var tasks []task
@@ -83,7 +84,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		if !t.DType.IsFloat() {
 			return nil, tensorErrorf(t.Name, "dtype %s is not F32, F16 or BF16", t.DType)
 		}
-		sc := cfg.Spec.For(t.Name)
+		sc := spec.For(t.Name)
 		rot, err := engineRotation(sc, roleOf(t.Name), t.Shape, hd)
 		if err != nil {
 			return nil, &TensorError{Tensor: t.Name, Err: err}

@@ -163,6 +163,9 @@ func (s Spec) Validate() error {
 	if err := s.validateLayers(); err != nil {
 		return err
 	}
+	if err := s.checkEngineRoles(); err != nil {
+		return err
+	}
 	if s.Lossless {
 		for _, sc := range append([]Scheme{s.Key, s.Value}, layerSchemes(s.Layers)...) {
 			if q := quantizerOf(sc.Method); q != nil && q.engine != nil && q.engine.whole {

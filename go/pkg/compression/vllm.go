@@ -49,6 +49,18 @@ var vllm = &engine{
 				"the FFMA contractions); tests/vllm_reference.py pins the codec bit for bit; no CUDA or Triton writer ran (no GPU " +
 				"here): rcp.approx results are taken as IEEE reciprocals [unverified]"
 		}
+		if f.role != "" { // a TurboQuant half
+			d := "executed: vLLM's own TurboQuant store (triton_turboquant_store: torch's norm and rotation GEMM on the CPU, its " +
+				"Triton kernels in Triton's interpreter) and read (_tq_full_dequant_kv), verbatim in tests/third_party/, ran on " +
+				"every TurboQuant vector cache (tests/vllm_turboquant_harness.py) and gave kv-compress's bytes and reads bit for " +
+				"bit; the centroid tables are vLLM's solver's output, the boundary layers its get_boundary_skip_layers. Not run: a " +
+				"GPU (cuBLAS's and its reductions' summation orders, div.full.f32)"
+			if f == tqKeyFP8 {
+				d = "read for the keys: Triton's fp32 -> float8e4nv conversion is the GPU's (SM90+: cvt.rn.satfinite), which the " +
+					"interpreter does not reproduce; checked against torch's float8_e4m3fn cast after a clamp to 448. The values: " + d
+			}
+			return d
+		}
 		if f.name == "int4_per_token_head" {
 			return "read, its rotation executed: vLLM's own RHT (fast_hadamard_transform, _get_rht_signs, single_rht; " +
 				"tests/third_party/vllm_int4_rht.py, verbatim from the wheel) runs on the vector caches and gives the codec's " +
@@ -78,6 +90,11 @@ var vllm = &engine{
 			dequantize: perHeadDequantizer(perHeadFP8)},
 		vllmInt4,
 		vllmNVFP4, vllmNVFP4FourOverSix,
+		tqKeyFP8, tqKey4, tqKey3, tqVal4, tqVal3, // listed as their combos, the TurboQuant presets
+	},
+	combos: tqCombos,
+	unregistered: map[string]string{
+		"ultraquant_4bit": ultraquantUnavailable,
 	},
 }
 

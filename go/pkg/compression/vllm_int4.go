@@ -90,14 +90,7 @@ func vllmRHT(x []float32, inverse bool) {
 				}
 			}
 		}
-		for h := 1; h < b; h <<= 1 {
-			for i := 0; i < b; i += 2 * h {
-				for j := i; j < i+h; j++ {
-					a, c := blk[j], blk[j+h]
-					blk[j], blk[j+h] = a+c, a-c
-				}
-			}
-		}
+		sylvesterButterfly(blk)
 		if inverse {
 			inv := float32(1) / float32(b) // a power of two: exact
 			for i, neg := range signs {
@@ -105,6 +98,22 @@ func vllmRHT(x []float32, inverse bool) {
 				if neg {
 					blk[i] = -blk[i]
 				}
+			}
+		}
+	}
+}
+
+// sylvesterButterfly is the unnormalised Sylvester Hadamard transform of
+// a power-of-two run in place, in float32, stride 1 first (vLLM's PyTorch
+// butterfly, int4_per_token_head.py:1114-1122): (a+b, a-b) at strides 1, 2,
+// 4, ...; its output i is the sum over j of (-1)^popcount(i&j) x[j].
+func sylvesterButterfly(blk []float32) {
+	b := len(blk)
+	for h := 1; h < b; h <<= 1 {
+		for i := 0; i < b; i += 2 * h {
+			for j := i; j < i+h; j++ {
+				a, c := blk[j], blk[j+h]
+				blk[j], blk[j+h] = a+c, a-c
 			}
 		}
 	}
