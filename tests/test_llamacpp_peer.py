@@ -38,8 +38,8 @@ def test_the_plan_is_llamacpps():
 
 
 def test_each_chunk_starts_with_bos_where_llamacpp_puts_it():
-    """llama-perplexity replaces each chunk's first token by BOS when the model adds one (Gemma-3);
-    SmolLM2's GGUF adds none, and its ids stay as tokenized."""
+    """llama-perplexity replaces each chunk's first token by BOS when the tokenizer adds one (Gemma-3:
+    its ids start with it); SmolLM2's adds none, and its ids stay as tokenized."""
     ids = [2] + list(range(10, 29))
     x = chunk_ids(ids, 8, 2, bos=2)[0].tolist()
     assert x[0] == 2 and x[8] == 2 and x[16] == ids[16] and x[1:8] == ids[1:8]
@@ -48,7 +48,7 @@ def test_each_chunk_starts_with_bos_where_llamacpp_puts_it():
     from kvlib.models.zoo import EMBEDDED
     from kvlib.models.sources import resolve_model
     src = resolve_model(EMBEDDED)
-    assert gguf_bos(Path(src.path) / src.gguf_file) is None
+    assert gguf_bos(Path(src.path) / src.gguf_file) is not None  # named, but its tokenizer adds none
 
 
 def test_first_difference():

@@ -205,6 +205,28 @@ def test_a_kv_sharing_serde_is_refused_in_write_mode(capsys):
     with pytest.raises(ValueError, match="lmcache:cachegen is a serde of a stored prefix"):
         check_engine_modes([resolve_codec("k=lmcache:cachegen,v=q8_0")], "write")
     check_engine_modes([resolve_codec("lmcache:cachegen")], "prefix")
+    assert cli.main(["--scheme", "lmcache:cachegen", "--mode", "write", "--max-windows", "2"]) == 2  # one scheme too
+    assert "lmcache:cachegen is a serde of a stored prefix" in capsys.readouterr().err
+
+
+def test_turboquant_boundary_layers_keep_the_users_overrides_and_exact_queries(tmp_path, cli):
+    """In write mode a TurboQuant boundary layer goes through none, but a slot the spec overrides
+    keeps the user's scheme (as kv-compress does for a whole cache), and Q is left exact there."""
+    from kvlib.transforms.engine import engine_write
+
+    def make(codec):
+        return CLICacheRoundtrip(tmp_path / codec.spec.replace("/", "_").replace(",", "_"), codec, "t")
+
+    t = engine_write(make(resolve_codec("k=vllm:fp8_e4m3,v=vllm:turboquant_v4,k0=int4")), make, "llama")
+    t.set_num_layers(6)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(1, 2, 8, 64, generator=g), torch.randn(1, 2, 8, 64, generator=g)
+    k0, v0, _ = t.roundtrip_layer(0, k, v)
+    assert torch.equal(v0, v) and not torch.equal(k0, k)  # V kept exact, K through the user's int4
+    k1, v1, _ = t.roundtrip_layer(1, k, v)
+    assert torch.equal(k1, k) and torch.equal(v1, v)  # a boundary layer with no override: none
+    q = torch.randn(1, 4, 8, 64, generator=g) * 3
+    assert torch.equal(t.query_layer(1, q), q) and not torch.equal(t.query_layer(3, q), q)
 
 
 def test_a_cache_the_engine_made_nan_fails_the_window(tiny_llama):

@@ -145,21 +145,16 @@ def llama_token_ids(binary: Path, gguf: Path, text: Path, timeout: float = 600) 
 
 
 def gguf_bos(path: Path) -> int | None:
-    """The BOS id llama.cpp puts at each chunk's start (None when the GGUF's tokenizer adds none)."""
-    fields = GGUFReader(str(path)).fields
-
-    def value(key: str) -> Any:
-        f = fields.get(key)
-        return None if f is None else f.parts[f.data[0]][0]
-
-    add = value("tokenizer.ggml.add_bos_token")
-    bos = value("tokenizer.ggml.bos_token_id")
-    return int(bos) if bos is not None and (add is None or bool(add)) else None
+    """The GGUF's BOS id (None: it names none). Whether llama.cpp adds it is what llama-tokenize's
+    first id says (llama.cpp can force it whatever ``add_bos_token`` says: llama-vocab.cpp)."""
+    f = GGUFReader(str(path)).fields.get("tokenizer.ggml.bos_token_id")
+    return None if f is None else int(f.parts[f.data[0]][0])
 
 
 def chunk_ids(ids: list[int], n_ctx: int, chunks: int, bos: int | None) -> torch.Tensor:
-    """llama-perplexity's input: each chunk's first token replaced by BOS when the model adds one
-    (perplexity.cpp:567-568, ``tokens[seq_start] = llama_vocab_bos(vocab)`` for j == 0)."""
+    """llama-perplexity's input: each chunk's first token replaced by BOS when the tokenizer adds one,
+    i.e. when ``ids`` start with it (perplexity.cpp:567-568, ``tokens[seq_start] =
+    llama_vocab_bos(vocab)`` for j == 0, under add_bos)."""
     x = torch.tensor([ids], dtype=torch.long)
     if bos is not None and ids and ids[0] == bos:
         for i in range(min(chunks, len(ids) // n_ctx)):
@@ -319,8 +314,10 @@ def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int 
     t1 = time.perf_counter()
     model, tok = load_model_and_tokenizer(str(gguf), device="cpu")
     theirs = llama_token_ids(binary, gguf, text)
-    ids = chunk_ids(theirs, n_ctx, chunks, gguf_bos(gguf))
-    tokens = {"source": "llama-tokenize --no-parse-special", "count": len(theirs), "bos_each_chunk": gguf_bos(gguf),
+    ids = chunk_ids(theirs, n_ctx, chunks, gguf_bos(gguf))  # BOS each chunk when llama-tokenize puts one first
+    bos = gguf_bos(gguf)
+    tokens = {"source": "llama-tokenize --no-parse-special", "count": len(theirs),
+              "bos_each_chunk": bos if theirs and theirs[0] == bos else None,
               "kvlib_tokenizer_differs_at": first_difference(tokenize(tok, load_corpus(str(text)))[0].tolist(), theirs)}
     with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
         say("kvlib write mode on the same chunks...")

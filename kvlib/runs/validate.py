@@ -29,7 +29,7 @@ from kvlib.gates import CI_LEVEL, MIN_CI_UNITS, PPL_DELTA_THRESHOLD
 from kvlib.models import corpus
 from kvlib.models.zoo import EMBEDDED
 from kvlib.runs.setup import RunParams, RunSetup, prepare_run
-from kvlib.runs.sweep import check_mode, executor_for, model_geometry, score_schemes, write_json
+from kvlib.runs.sweep import check_engine_modes, check_mode, executor_for, model_geometry, score_schemes, write_json
 from kvlib.scoring.store import unit_key
 
 KVQUANT_THRESHOLD = PPL_DELTA_THRESHOLD  # the design documents' name
@@ -215,6 +215,7 @@ def run_full_validation(
         raise RuntimeError(f"Go CLI not found. {BUILD_HINT}")
     codec = resolve_codec(codec)  # a bad scheme fails before anything loads
     check_mode(mode)
+    check_engine_modes([codec], mode)
     _say(verbose, bar, "\n  KV Cache Compression Validation\n" + bar)
     run = prepare_run(RunParams(model, corpus_name, device, dtype, threshold, stride, max_windows, context_length,
                                 results, fresh), verbose)

@@ -102,9 +102,10 @@ class EngineWrite(CacheTransform):
     kind: ClassVar[str] = "kvq"
 
     def __init__(self, inner: CodecRoundtrip, query: CodecRoundtrip | None, permuted: bool, boundary: int = 0,
-                 skip: CodecRoundtrip | None = None) -> None:
+                 skip: CodecRoundtrip | None = None, make: Any = None) -> None:
         self.inner, self.query, self.permuted = inner, query, permuted
         self.boundary, self.skip, self.num_layers = boundary, skip, None
+        self.make, self._trips = make, {}  # round trips of boundary layers the spec overrides
         self.seconds = inner.seconds
         self.converts_queries = query is not None  # type: ignore[misc]
 
@@ -139,15 +140,38 @@ class EngineWrite(CacheTransform):
     def _to_model(self, x: torch.Tensor) -> torch.Tensor:
         return x[..., torch.argsort(gguf_order(x.shape[-1]))].contiguous() if self.permuted else x
 
+    def _overrides(self, layer: int) -> dict[str, Scheme]:
+        """The spec's own per-layer schemes for ``layer`` ({role: scheme})."""
+        return {o.role: o.scheme for o in self.inner.codec.layers if o.layer == layer}
+
+    def _boundary_trip(self, layer: int) -> Any:
+        """A boundary layer's round trip: ``none`` for its slots, but a slot the spec overrides keeps
+        the user's scheme (as kv-compress's withEngineSkips does for a whole cache)."""
+        own = self._overrides(layer)
+        if not own:
+            return self.skip
+        if layer not in self._trips:
+            none = resolve_codec("none").key
+            k, v = own.get("key", none), own.get("value", none)
+            self._trips[layer] = self.make(resolve_codec(f"k={k.spec},v={v.spec}"))
+        return self._trips[layer]
+
     def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, Any]:
         if self.skip is not None and self.kept_exact(layer):
-            return self.skip.roundtrip_layer(layer, key, value)
+            trip = self._boundary_trip(layer)
+            if trip is self.skip:
+                return trip.roundtrip_layer(layer, key, value)
+            k, v, m = trip.roundtrip_layer(layer, self._to_engine(key), value)
+            return self._to_model(k), v, m
         k, v, m = self.inner.roundtrip_layer(layer, self._to_engine(key), value)
         return self._to_model(k), v, m
 
     def query_layer(self, layer: int, query: torch.Tensor) -> torch.Tensor:
-        """Q as the engine's attention reads it (exact when it converts none)."""
+        """Q as the engine's attention reads it (exact when it converts none, and on a layer the
+        engine keeps unquantized: its attention runs in the model's dtype there)."""
         if self.query is None:
+            return query
+        if self.skip is not None and self.kept_exact(layer) and "key" not in self._overrides(layer):
             return query
         q, _, _ = self.query.roundtrip_layer(layer, self._to_engine(query), query[..., :1, :])  # V: "none"
         return self._to_model(q)
@@ -182,4 +206,4 @@ def engine_write(inner: CodecRoundtrip, make: Any, architecture: str | None) -> 
     if query is None and not permuted and not boundary:
         return inner
     return EngineWrite(inner, make(query) if query is not None else None, permuted, boundary,
-                       make(resolve_codec("none")) if boundary else None)
+                       make(resolve_codec("none")) if boundary else None, make)
