@@ -49,29 +49,42 @@ func loadV2Vectors(t *testing.T) []v2Case {
 	return v.Cases
 }
 
+// compressVectorCase compresses a shared-vector case's inputs with its
+// spec (canonical as the vectors write it) on workers goroutines (0: one
+// per CPU). A case that expects an error must get one naming the tensor
+// and containing wantErr, and then returns nil.
+func compressVectorCase(t *testing.T, specText string, inputs []safetensors.Tensor, workers int, wantErr string) *Result {
+	t.Helper()
+	spec, err := ParseSpec(specText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.String() != specText {
+		t.Errorf("canonical spec %q, vectors say %q", spec, specText)
+	}
+	res, err := Compress(&safetensors.File{Tensors: inputs}, Config{Spec: spec, Thresholds: DefaultThresholds, Workers: workers})
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) || !strings.Contains(err.Error(), `tensor "`) {
+			t.Fatalf("error = %v, want one naming the tensor and containing %q", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
 func TestSharedVectorsV2(t *testing.T) {
 	for _, vc := range loadV2Vectors(t) {
 		t.Run(vc.Name, func(t *testing.T) {
-			spec, err := ParseSpec(vc.Spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if spec.String() != vc.Spec {
-				t.Errorf("canonical spec %q, vectors say %q", spec, vc.Spec)
-			}
-			src := &safetensors.File{}
+			var inputs []safetensors.Tensor
 			for _, tv := range vc.Tensors {
-				src.Tensors = append(src.Tensors, safetensors.Tensor{Name: tv.Name, DType: tv.DType, Shape: tv.Shape, Data: mustHex(t, tv.InputHex)})
+				inputs = append(inputs, safetensors.Tensor{Name: tv.Name, DType: tv.DType, Shape: tv.Shape, Data: mustHex(t, tv.InputHex)})
 			}
-			res, err := Compress(src, Config{Spec: spec, Thresholds: DefaultThresholds})
-			if vc.Error != "" {
-				if err == nil || !strings.Contains(err.Error(), vc.Error) || !strings.Contains(err.Error(), `tensor "`) {
-					t.Fatalf("error = %v, want one naming the tensor and containing %q", err, vc.Error)
-				}
+			res := compressVectorCase(t, vc.Spec, inputs, 0, vc.Error)
+			if res == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			var storedBytes int
 			for i, tv := range vc.Tensors {
