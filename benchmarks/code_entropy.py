@@ -49,3 +49,50 @@ def code_entropy(path: str) -> float:
             codes.append(_ggml_codes(raw, sc["method"]) if sc["method"].startswith("q")
                          else _unpack(raw, sc["bits"]))
     return _entropy(np.concatenate(codes))
+
+
+def _tensor_codes(f, ti: dict) -> tuple[np.ndarray, int]:
+    """One tensor's codes as [batch, heads, tokens, head_dim] and its alphabet size."""
+    raw = f.get_tensor(ti["name"] + ".codes").view(np.uint8)
+    sc, (b, h, t, d) = ti["scheme"], ti["shape"]
+    if sc["method"] in GGML:
+        return _ggml_codes(raw, sc["method"]).astype(np.int64).reshape(b, h, t, d), 256 if sc["method"] == "q8_0" else 32
+    q = _unpack(raw, sc["bits"]).astype(np.int64)[: b * h * t * d]
+    q = q.reshape(b, h, d, t).transpose(0, 1, 3, 2) if sc["axis"] == "channel" else q.reshape(b, h, t, d)
+    return np.ascontiguousarray(q), 1 << sc["bits"]
+
+
+def _bits(ctx: np.ndarray, sym: np.ndarray, contexts: int, alphabet: int) -> float:
+    """Empirical code length in bits of sym under a static table per context."""
+    c = np.bincount(ctx.ravel() * alphabet + sym.ravel(), minlength=contexts * alphabet).reshape(contexts, alphabet)
+    n = c.sum(1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(-(c * np.log2(np.where(c > 0, c / np.maximum(n, 1), 1))).sum())
+
+
+CONTEXTS = ("tensor", "head", "channel", "head, channel", "head, channel, previous token")
+
+
+def context_entropy(path: str) -> dict[str, float]:
+    """Bits per code of a (4-D, non-entropy-coded) kvq file's codes under each context the wire stage
+    could model (docs/kv-compress/lossless.md): which context is worth its tables."""
+    total, n = dict.fromkeys(CONTEXTS, 0.0), 0
+    with safe_open(path, "np") as f:
+        for ti in json.loads(f.metadata()["kvq.tensors"]):
+            q, a = _tensor_codes(f, ti)
+            _, h, _, d = q.shape
+            hh = np.broadcast_to(np.arange(h)[None, :, None, None], q.shape)
+            dd = np.broadcast_to(np.arange(d)[None, None, None, :], q.shape)
+            prev = np.concatenate([np.zeros_like(q[:, :, :1]), q[:, :, :-1]], 2)
+            for name, ctx, k in zip(CONTEXTS, (np.zeros_like(q), hh, dd, hh * d + dd, (hh * d + dd) * a + prev),
+                                    (1, h, d, h * d, h * d * a)):
+                total[name] += _bits(ctx, q, k, a)
+            n += q.size
+    return {k: v / n for k, v in total.items()}
+
+
+if __name__ == "__main__":
+    import sys
+
+    for p in sys.argv[1:]:
+        print(p, "  ".join(f"{k}: {v:.3f}" for k, v in context_entropy(p).items()))

@@ -29,7 +29,7 @@ def test_presets_are_the_issue_table(cli):
     "sym8/g32/channel/res7", "k=int4/out1e-05,v=rot4", "int4+lossless", "k=asym4/g64/channel,v=q8_0+lossless", '{"key": {"method": "q4_0", "bits": 4, "group": 32, "axis": "token"},'
     ' "value": {"method": "asym", "bits": 2, "group": 8, "axis": "channel"}}',
     "symf3/g32/rot", "lm4/g128", "lm3rot,k0-1=q8_0,v0=lm4rot", "kivi2,kv3-5=int8,k4=q8_0+lossless",
-    "k=lm3rot,v=lm2rot,v0-29=lm3rot",
+    "k=lm3rot,v=lm2rot,v0-29=lm3rot", "int4+wire", "kivi2,kv3-5=int8+wire",
 ])
 def test_spec_round_trips_through_the_cli(spec, cli):
     c = resolve_codec(spec)
@@ -70,6 +70,16 @@ def test_lossless_stage_is_part_of_the_value():
     assert coded == resolve_codec("kivi4+lossless") and coded != plain and coded.key == plain.key
     assert coded.spec == plain.spec + "+lossless" and coded.name == "kivi4+lossless"
     assert CodecConfig(plain.key, plain.value, lossless=True) == coded
+
+
+def test_wire_stage_is_part_of_the_value():
+    """+wire is the other entropy stage: in the value, its spec and its name; never both stages."""
+    plain, wired = resolve_codec("kivi4"), resolve_codec("kivi4+wire")
+    assert wired.wire and not wired.lossless and wired != plain and wired.key == plain.key
+    assert wired.spec == plain.spec + "+wire" and wired.name == "kivi4+wire"
+    assert CodecConfig(plain.key, plain.value, wire=True) == wired
+    with pytest.raises(SchemeError, match="two entropy stages"):
+        resolve_codec("kivi4+wire", lossless=True)
 
 
 def test_ggml_rejects_bits_override():

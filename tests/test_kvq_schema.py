@@ -30,6 +30,8 @@ GRAMMAR = [
     ("asym3/g32/channel/res4", 2, "F16"),
     ("sym4/g64/rot/out0.01/sp0.1+lossless", 2, "F32"),
     ("asym4/g16+lossless", 2, "F32"),
+    ("int4+wire", 2, "F32"),
+    ("k=kivi2,v=lm3rot,kv1=q4_0+wire", 2, "BF16"),
     ("none+lossless", 2, "BF16"),
     ("symf3/g16/token/out0.05", 2, "BF16"),
     ("lm4/g32/rot/res2", 2, "F32"),
@@ -154,6 +156,7 @@ def test_every_format_is_written(written):
         "bins 16": any(r.get("bins") == 16 for r in recs), "bins 32": any(r.get("bins") == 32 for r in recs),
         "rotation": any("rotation" in r for r in recs),
         "lossless": {p for r in recs for p in r.get("lossless", ())} == {".codes", ".scales", ".zeros"},
+        "wire": any(r.get("wire") == [".codes"] for r in recs),
         "outliers": any(r["outliers"] > 0 for r in recs), "scale other than 1": any(r["scheme"].get("scale", 1) != 1 for r in recs),
         "channel": any(r["scheme"]["axis"] == "channel" for r in recs), "residual": any(r["scheme"]["residual"] > 0 for r in recs),
         "sparsity": any(r["scheme"]["sparsity"] > 0 for r in recs),
@@ -212,6 +215,8 @@ def _wrong(rec: dict, rotating: set[str]) -> list[tuple[str, dict]]:
         out.append(("rotation without rotate", with_scheme(rotate=False)))
     else:
         out.append(("a rotation", dict(rec, rotation=64)))
+    if "wire" in rec:
+        out.append(("wire-coded scales", dict(rec, wire=[".codes", ".scales"])))
     if m == "lmcache:cachegen":
         out += [("bins 8", dict(rec, bins=8)), ("bins left out", {k: v for k, v in rec.items() if k != "bins"})]
     else:

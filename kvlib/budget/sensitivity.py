@@ -277,12 +277,12 @@ def role_labels(names: list[str], candidates: list[str], role: int) -> list[str]
 
 
 def resolve_candidates(names: tuple[str, ...]) -> list[CodecConfig]:
-    """The candidates as codecs; each must be one scheme per role, without overrides or the lossless stage."""
+    """The candidates as codecs; each must be one scheme per role, without overrides or an entropy stage."""
     out = [resolve_codec(n) for n in names]
     for c in out:
-        if c.layers or c.lossless:
+        if c.layers or c.entropy_suffix:
             raise ValueError(f"candidate {c.name}: a candidate is one scheme per role (no per-layer overrides, "
-                             "no +lossless)")
+                             "no +lossless or +wire)")
     if len({c.spec for c in out}) != len(out):
         raise ValueError("a candidate is listed twice: " + ", ".join(c.name for c in out))
     return out

@@ -19,6 +19,8 @@ from kvlib.codec.binary import find_cli_binary
 
 DEFAULT_SCHEME = "int4"
 LOSSLESS_SUFFIX = "+lossless"
+WIRE_SUFFIX = "+wire"  # the wire stage: context rANS on the codes (docs/kv-compress/lossless.md)
+ENTROPY_SUFFIXES = (LOSSLESS_SUFFIX, WIRE_SUFFIX)
 CLI_TIMEOUT_S = 60
 
 
@@ -96,13 +98,18 @@ class CodecConfig:
     value: Scheme = field(default_factory=Scheme)
     lossless: bool = False  # the entropy stage after the quantizer: smaller files, same reconstruction
     layers: tuple[LayerScheme, ...] = ()
+    wire: bool = False  # the wire stage instead: context-coded codes, fewer bytes still, same reconstruction
+
+    @property
+    def entropy_suffix(self) -> str:
+        """The spec's entropy stage as its suffix ("" for none)."""
+        return LOSSLESS_SUFFIX if self.lossless else WIRE_SUFFIX if self.wire else ""
 
     @property
     def spec(self) -> str:
         """The canonical spec: ``resolve_codec(c.spec) == c``."""
         s = self.key.spec if self.key == self.value else f"k={self.key.spec},v={self.value.spec}"
-        s += _layers_spec(self.layers)
-        return s + LOSSLESS_SUFFIX if self.lossless else s
+        return s + _layers_spec(self.layers) + self.entropy_suffix
 
     def for_layer(self, layer: int) -> "CodecConfig":
         """The codec of layer ``layer`` alone, its slots' schemes as the defaults (write mode sends one
@@ -121,11 +128,11 @@ class CodecConfig:
     @property
     def name(self) -> str:
         """The preset name, or an engine's name for a K and V pairing (exllamav2:q6), when one matches
-        (with "+lossless" when the stage is on), else the spec: the CLI's Spec.Name."""
-        plain = replace(self, lossless=False)
+        (with "+lossless" or "+wire" when an entropy stage is on), else the spec: the CLI's Spec.Name."""
+        plain = replace(self, lossless=False, wire=False)
         for name, cfg in (*presets().items(), *engine_pairings().items()):
             if cfg == plain:
-                return name + (LOSSLESS_SUFFIX if self.lossless else "")
+                return name + self.entropy_suffix
         return self.spec
 
     def cli_args(self) -> list[str]:
@@ -133,14 +140,14 @@ class CodecConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "name": self.name, "key": asdict(self.key), "value": asdict(self.value),
-                "lossless": self.lossless, "layers": [asdict(o) for o in self.layers]}
+                "lossless": self.lossless, "wire": self.wire, "layers": [asdict(o) for o in self.layers]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "CodecConfig":
         """From the CLI's ``check`` output (key_scheme / value_scheme objects, layers)."""
         layers = tuple(LayerScheme(o["layer"], o["role"], Scheme(**o["scheme"])) for o in d.get("layers") or ())
         return cls(key=Scheme(**d["key_scheme"]), value=Scheme(**d["value_scheme"]), lossless=bool(d.get("lossless")),
-                   layers=layers)
+                   layers=layers, wire=bool(d.get("wire")))
 
 
 def _layers_spec(layers: tuple[LayerScheme, ...]) -> str:

@@ -29,7 +29,7 @@ from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates, role
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.codec.metrics import CompressionMetrics, pool_tensors
-from kvlib.codec.spec import LOSSLESS_SUFFIX, CodecConfig, engine_menu, nominal_bits, presets, resolve_codec
+from kvlib.codec.spec import ENTROPY_SUFFIXES, LOSSLESS_SUFFIX, CodecConfig, engine_menu, nominal_bits, presets, resolve_codec
 from kvlib.env import flag
 from kvlib.gates import CI_LEVEL, CI_METHOD, MIN_CI_UNITS, PPL_DELTA_THRESHOLD, robust, verdict
 from kvlib.models import corpus
@@ -211,11 +211,11 @@ def scheme_result(name: str, spec: str, kind: str, ppl: PerplexityResult, thresh
 def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
     """The fewest bits/element among the robust schemes, and a sentence saying so.
 
-    Schemes with the lossless stage are left out of the pick (an entropy-coded
-    cache cannot be attended to in place); where the pick has a lossless twin,
-    the sentence gives its size for storage and transfer."""
+    Schemes with an entropy stage (+lossless, +wire) are left out of the pick (an entropy-coded
+    cache cannot be attended to in place); where the pick has such a twin, the sentence gives the
+    smallest one's size for storage and transfer."""
     ok = [s for s in schemes if s.robust and not s.error and math.isfinite(s.bits_per_element)
-          and not s.spec.endswith(LOSSLESS_SUFFIX)]
+          and not s.spec.endswith(ENTROPY_SUFFIXES)]
     if not ok:
         passing = [s.name for s in schemes if s.passed]
         if passing:
@@ -230,7 +230,8 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
                 f"{best.compression_ratio:.2f}x smaller than FP16 ({saving:.0f}% less memory), gated delta "
                 f"{best.context_delta:+.4f} (CI {best.ci_low:+.4f} to {best.ci_high:+.4f}), "
                 f"top-1 agreement {best.top1_agreement:.1f}%.")
-    twin = [s for s in schemes if s.spec == best.spec + LOSSLESS_SUFFIX and not s.error]
+    twin = sorted((s for s in schemes if s.spec in [best.spec + x for x in ENTROPY_SUFFIXES] and not s.error),
+                  key=lambda s: s.bits_per_element)
     if twin:
         sentence += (f" To store or send it, {twin[0].name} takes {twin[0].bits_per_element:.2f} bits/element "
                      f"({twin[0].compression_ratio:.2f}x), bit for bit the same cache.")

@@ -47,6 +47,7 @@ type TensorInfo struct {
 	Scheme   Scheme            `json:"scheme"`
 	Outliers int               `json:"outliers"`           // how many elements are stored apart
 	Lossless []string          `json:"lossless,omitempty"` // parts coded by the lossless stage (".codes", ...)
+	Wire     []string          `json:"wire,omitempty"`     // parts coded by the wire stage (".codes")
 	// Rotation is the Hadamard size an engine format rotated the tensor by
 	// along head_dim (0: none), as the engine decided it for this cache.
 	Rotation int `json:"rotation,omitempty"`
@@ -102,8 +103,13 @@ func readFile(f *safetensors.File, workers int) (*Header, []*stored, error) {
 		return nil, nil, err
 	}
 	view := f
+	if h.hasWire() {
+		if view, err = wireInflate(view, h.Tensors, max(workers, 1)); err != nil {
+			return nil, nil, err
+		}
+	}
 	if h.hasLossless() {
-		if view, err = inflateStored(f, h.Tensors, rawPartSize, max(workers, 1)); err != nil {
+		if view, err = inflateStored(view, h.Tensors, rawPartSize, max(workers, 1)); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -114,6 +120,15 @@ func readFile(f *safetensors.File, workers int) (*Header, []*stored, error) {
 		}
 	}
 	return h, parts, nil
+}
+
+func (h *Header) hasWire() bool {
+	for _, ti := range h.Tensors {
+		if len(ti.Wire) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *Header) hasLossless() bool {

@@ -201,7 +201,7 @@ func (s Spec) checkSlots(names []string) error {
 // Equal reports whether two specs are the same (Spec holds a slice, so
 // == does not compile).
 func (s Spec) Equal(t Spec) bool {
-	return s.Key == t.Key && s.Value == t.Value && s.Lossless == t.Lossless && slices.Equal(s.Layers, t.Layers)
+	return s.Key == t.Key && s.Value == t.Value && s.Lossless == t.Lossless && s.Wire == t.Wire && slices.Equal(s.Layers, t.Layers)
 }
 
 // Schemes calls fn on every scheme of s: the defaults and each override.

@@ -136,7 +136,16 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 	for i, j := range jobs {
 		stored[i] = j.stored()
 	}
-	final, coded := stored, make([][]string, len(jobs))
+	final, coded, wired := stored, make([][]string, len(jobs)), make([][]string, len(jobs))
+	if cfg.Spec.Wire {
+		layouts := make([]*layout, len(jobs))
+		for i, j := range jobs {
+			layouts[i] = j.l
+		}
+		if final, wired, coded, err = wireStored(names, layouts, stored, workers); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Spec.Lossless {
 		if final, coded, err = deflateStored(names, stored, workers); err != nil {
 			return nil, err
@@ -159,7 +168,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		}
 		total.Merge(&acc)
 		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s,
-			Outliers: len(j.out.index), Lossless: coded[i], Rotation: j.l.rotSizeRecorded(), Bins: j.bins})
+			Outliers: len(j.out.index), Lossless: coded[i], Wire: wired[i], Rotation: j.l.rotSizeRecorded(), Bins: j.bins})
 		enc := final[i]
 		out.Tensors = append(out.Tensors, enc...)
 		if restore {

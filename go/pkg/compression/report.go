@@ -188,6 +188,8 @@ func partName(tensor, name string) string {
 		return "residual"
 	case CodesSuffix + ChunksSuffix, ScalesSuffix + ChunksSuffix, ZerosSuffix + ChunksSuffix:
 		return "chunk_offsets"
+	case CodesSuffix + WireModelSuffix:
+		return "wire_model"
 	}
 	return "outliers"
 }
@@ -237,7 +239,7 @@ func (r *Report) finish(total *Accumulator, th Thresholds) {
 	if total.N > 0 {
 		r.BitsPerElement = 8 * float64(r.CompressedSizeBytes) / float64(total.N)
 	}
-	if r.KeyScheme != nil && r.sizeWithoutLossless > 0 && r.Scheme != "" && strings.HasSuffix(r.Scheme, LosslessSuffix) {
+	if r.KeyScheme != nil && r.sizeWithoutLossless > 0 && r.Scheme != "" && (strings.HasSuffix(r.Scheme, LosslessSuffix) || strings.HasSuffix(r.Scheme, WireSuffix)) {
 		w := r.sizeWithoutLossless
 		r.Lossless = &LosslessSizes{WithoutBytes: w, RatioWithout: float64(r.OriginalSizeBytes) / float64(w),
 			BitsPerElementWithout: 8 * float64(w) / float64(max(total.N, 1)),
@@ -295,6 +297,7 @@ type SchemeInfo struct {
 	ValueScheme Scheme     `json:"value_scheme"`
 	Layers      []Override `json:"layers"` // the per-layer overrides, canonical
 	Lossless    bool       `json:"lossless"`
+	Wire        bool       `json:"wire"`
 	KeyBits     float64    `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
 	ValueBits   float64    `json:"value_bits_per_element"` // (measured sizes come from compress)
 }
@@ -332,7 +335,7 @@ func SchemeReport(cmd string, s Spec) SchemeInfo {
 	if layers == nil {
 		layers = []Override{}
 	}
-	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value, Layers: layers, Lossless: s.Lossless,
+	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value, Layers: layers, Lossless: s.Lossless, Wire: s.Wire,
 		KeyBits: s.Key.NominalBits(), ValueBits: s.Value.NominalBits()}
 }
 

@@ -133,6 +133,9 @@ type Spec struct {
 	// Lossless adds the entropy stage after the quantizer (lossless.go):
 	// smaller files, the same reconstruction.
 	Lossless bool `json:"lossless,omitempty"`
+	// Wire adds the wire stage instead (wire.go): context rANS on the
+	// codes, the lossless stage's coder on the other parts.
+	Wire bool `json:"wire,omitempty"`
 }
 
 // LosslessSuffix switches the lossless stage on in a spec string.
@@ -166,10 +169,17 @@ func (s Spec) Validate() error {
 	if err := s.checkEngineRoles(); err != nil {
 		return err
 	}
-	if s.Lossless {
+	if s.Lossless && s.Wire {
+		return fmt.Errorf("%s and %s are two entropy stages: take one", LosslessSuffix, WireSuffix)
+	}
+	if s.Lossless || s.Wire {
+		suffix := LosslessSuffix
+		if s.Wire {
+			suffix = WireSuffix
+		}
 		for _, sc := range append([]Scheme{s.Key, s.Value}, layerSchemes(s.Layers)...) {
 			if q := quantizerOf(sc.Method); q != nil && q.engine != nil && q.engine.whole {
-				return fmt.Errorf("%s is entropy-coded by the engine's own coder: it takes no %s", sc.Method, LosslessSuffix)
+				return fmt.Errorf("%s is entropy-coded by the engine's own coder: it takes no %s", sc.Method, suffix)
 			}
 		}
 	}
@@ -197,17 +207,23 @@ func (s Spec) String() string {
 	if s.Lossless {
 		out += LosslessSuffix
 	}
+	if s.Wire {
+		out += WireSuffix
+	}
 	return out
 }
 
 // Name is the preset name of s, or its canonical spec when no preset matches.
 func (s Spec) Name() string {
 	plain := s
-	plain.Lossless = false
+	plain.Lossless, plain.Wire = false, false
 	for _, p := range append(presets[:len(presets):len(presets)], engineCombos...) {
 		if p.spec.Equal(plain) {
 			if s.Lossless {
 				return p.name + LosslessSuffix
+			}
+			if s.Wire {
+				return p.name + WireSuffix
 			}
 			return p.name
 		}
@@ -314,7 +330,7 @@ func DefaultSpec() Spec { return presetByName[DefaultPreset] }
 
 // ParseSpec reads a preset name, a spec in the grammar
 //
-//	spec   = ( scheme | "k=" scheme "," "v=" scheme ) { "," layers "=" scheme } [ "+lossless" ]
+//	spec   = ( scheme | "k=" scheme "," "v=" scheme ) { "," layers "=" scheme } [ "+lossless" | "+wire" ]
 //	layers = ( "k" | "v" | "kv" ) N [ "-" M ]
 //	scheme = preset | base { "/" option }
 //	base   = ("sym" | "symf" | "asym" | "lm") bits | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0"
@@ -334,6 +350,8 @@ func ParseSpec(text string) (Spec, error) {
 	orig := text
 	lossless := strings.HasSuffix(text, LosslessSuffix)
 	text = strings.TrimSuffix(text, LosslessSuffix)
+	wire := strings.HasSuffix(text, WireSuffix)
+	text = strings.TrimSuffix(text, WireSuffix)
 	var s Spec
 	var err error
 	switch {
@@ -353,6 +371,7 @@ func ParseSpec(text string) (Spec, error) {
 		return Spec{}, fmt.Errorf("scheme %q: %w", orig, err)
 	}
 	s.Lossless = s.Lossless || lossless
+	s.Wire = s.Wire || wire
 	if err := s.Validate(); err != nil {
 		return Spec{}, fmt.Errorf("scheme %q: %w", orig, err)
 	}

@@ -36,7 +36,7 @@ func parseJSONSpec(text string) (Spec, error) {
 	var key, value json.RawMessage
 	var layers []json.RawMessage
 	given, err := decodeObject(raw, "", []jsonField{
-		{"key", &key}, {"value", &value}, {"layers", &layers}, {"lossless", &s.Lossless},
+		{"key", &key}, {"value", &value}, {"layers", &layers}, {"lossless", &s.Lossless}, {"wire", &s.Wire},
 	})
 	if err != nil {
 		return Spec{}, err

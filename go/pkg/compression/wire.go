@@ -1,0 +1,371 @@
+package compression
+
+import (
+	"encoding/binary"
+	"math"
+
+	"kvlib/pkg/safetensors"
+)
+
+// The wire stage (spec suffix "+wire"): the lossless stage's sibling for the
+// fewest bytes on the wire. A tensor's packed codes (sym, symf, asym, lm:
+// codes of b <= 8 bits) are coded by the static context rANS coder of
+// wire_rans.go, a context per (head, channel) or coarser, as measured; its
+// model (header and frequency tables, counted in the size) is
+// NAME.codes.wire (U8), its chunks' streams NAME.codes (U8) and their end
+// offsets NAME.codes.chunks (U64), so chunks decode in parallel. Every
+// other part (scales, zero points, ggml blocks, engines' bytes) goes through
+// the lossless stage's Huffman coder, and any part that would not get
+// smaller stays as it is. kvq.tensors records the wire-coded parts in
+// "wire" and the Huffman-coded ones in "lossless". The reconstruction is bit
+// for bit that of the same scheme without the stage.
+
+// WireSuffix switches the wire stage on in a spec string.
+const WireSuffix = "+wire"
+
+// WireModelSuffix names a wire-coded part's model: NAME.codes.wire.
+const WireModelSuffix = ".wire"
+
+// wireShapeOf is the context shape of a layout's codes, false where its
+// codes are not plain packed codes the wire coder models.
+func wireShapeOf(l *layout) (wireShape, bool) {
+	if !l.q.packed() || l.q.identity || l.q.engine != nil || l.s.Bits < 1 || l.s.Bits > 8 {
+		return wireShape{}, false
+	}
+	w := wireShape{fourD: l.fourD, channel: l.fourD && l.s.Axis == Channel, h: l.h, d: l.d, tq: l.tq,
+		n: l.nq, bits: l.s.Bits, rawBytes: l.codeBytes(), perHeadRun: l.tq * l.d}
+	return w, w.rawBytes == PackedLen(w.n, w.bits)
+}
+
+// wirePrecision is the probability precision the encoder uses for b-bit codes.
+func wirePrecision(bits int) int { return min(12, bits+8, max(10, bits+4)) }
+
+// buildWireModel chooses, from the codes' counts, the context mode,
+// resolution and table code that make the part smallest.
+func buildWireModel(syms []uint8, w wireShape) *wireModel {
+	A := 1 << w.bits
+	full := 3
+	if !w.fourD || w.contexts(3) > wireMaxCtx || w.contexts(3) < 1 {
+		full = 0
+	}
+	nfull := w.contexts(full)
+	counts := make([]uint32, nfull*A)
+	w.runs(full, 0, len(syms), func(n, c0, step int) {
+		for k, s := range syms[:n] {
+			counts[(c0+step*k)*A+int(s)]++
+		}
+		syms = syms[n:]
+	})
+	var best *wireModel
+	bestBits := math.Inf(1)
+	for mode := 0; mode <= full; mode++ {
+		nctx := w.contexts(mode)
+		prec := wirePrecision(w.bits) // lowered where the tables would outgrow the tensor
+		for prec > w.bits && nctx<<prec > max(w.n, wireTableAllowance) {
+			prec--
+		}
+		if nctx < 1 || nctx > wireMaxCtx || nctx<<prec > max(w.n, wireTableAllowance) {
+			continue
+		}
+		M := float64(int(1) << prec)
+		cm := make([]uint32, nctx*A)
+		for hc := 0; hc < nfull; hc++ {
+			c := hc
+			switch mode {
+			case 0:
+				c = 0
+			case 1:
+				c = hc / w.d
+			case 2:
+				c = hc % w.d
+			}
+			for s := 0; s < A; s++ {
+				cm[c*A+s] += counts[hc*A+s]
+			}
+		}
+		for _, res := range []int{1, 2, 4, 8} {
+			m := &wireModel{bits: w.bits, mode: mode, prec: prec, res: res, chunkLog: wireChunkLog, nctx: nctx,
+				levels: make([]uint8, nctx*A)}
+			maxLevel := wireMaxLevel(res, prec)
+			for c := 0; c < nctx; c++ {
+				var tot float64
+				for _, k := range cm[c*A : (c+1)*A] {
+					tot += float64(k)
+				}
+				for s, k := range cm[c*A : (c+1)*A] {
+					if k > 0 {
+						m.levels[c*A+s] = uint8(min(maxLevel, 1+int(math.Round(float64(res)*math.Log2(tot/float64(k))))))
+					}
+				}
+				if tot == 0 { // an unused context still needs a symbol
+					m.levels[c*A] = 1
+				}
+			}
+			m.setLevels()
+			var bits float64
+			for i, k := range cm {
+				if k > 0 {
+					bits += float64(k) * math.Log2(M/float64(m.fs[i]&0xffff))
+				}
+			}
+			tb := math.Inf(1)
+			for k := 0; k <= 3; k++ {
+				if t := float64(8 * m.tableSize(k)); t < tb {
+					tb, m.egk = t, k
+				}
+			}
+			if bits+tb < bestBits {
+				best, bestBits = m, bits+tb
+			}
+		}
+	}
+	return best
+}
+
+type wirePart struct {
+	index  int // tensor
+	shape  wireShape
+	syms   []uint8
+	model  *wireModel
+	chunks [][]byte
+}
+
+// wireStored codes the stored parts of every tensor: the codes of the
+// tensors whose layouts the wire coder models by the context coder, every
+// other part by the lossless stage. It returns the stored tensors and, per
+// tensor, the wire-coded and the Huffman-coded suffixes.
+func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor, workers int) ([][]safetensors.Tensor, [][]string, [][]string, error) {
+	parts := make([]*wirePart, 0, len(stored))
+	for i, ts := range stored {
+		w, ok := wireShapeOf(layouts[i])
+		if !ok || w.n == 0 {
+			continue
+		}
+		for _, t := range ts {
+			if t.Name == names[i]+CodesSuffix && len(t.Data) == w.rawBytes {
+				parts = append(parts, &wirePart{index: i, shape: w})
+			}
+		}
+	}
+	codesOf := func(p *wirePart) []byte {
+		for _, t := range stored[p.index] {
+			if t.Name == names[p.index]+CodesSuffix {
+				return t.Data
+			}
+		}
+		return nil
+	}
+	if err := forEach(len(parts), workers, func(_, k int) error {
+		p := parts[k]
+		p.syms = make([]uint8, p.shape.n)
+		wireUnpack(p.syms, codesOf(p), 0, p.shape.bits)
+		p.model = buildWireModel(p.syms, p.shape)
+		p.chunks = make([][]byte, (p.shape.n-1)>>p.model.chunkLog+1)
+		return nil
+	}); err != nil {
+		return nil, nil, nil, err
+	}
+	var jobs []chunkJob
+	for k, p := range parts {
+		for c := range p.chunks {
+			jobs = append(jobs, chunkJob{k, c})
+		}
+	}
+	ctxs := make([][]uint16, max(workers, 1))
+	if err := forEach(len(jobs), workers, func(wk, k int) error {
+		p, c := parts[jobs[k].part], jobs[k].chunk
+		lo := c << p.model.chunkLog
+		hi := min(p.shape.n, lo+1<<p.model.chunkLog)
+		if cap(ctxs[wk]) < hi-lo {
+			ctxs[wk] = make([]uint16, hi-lo)
+		}
+		ctx := ctxs[wk][:hi-lo]
+		p.model.contextsOf(ctx, p.shape, lo)
+		p.chunks[c] = p.model.encodeChunk(nil, p.syms[lo:hi], ctx)
+		return nil
+	}); err != nil {
+		return nil, nil, nil, err
+	}
+	// Keep a part wire-coded where it is smaller and every chunk within the bound.
+	wired := make([][]string, len(stored))
+	coded := map[int]*wirePart{}
+	for _, p := range parts {
+		model := p.model.marshal()
+		size := len(model) + 8*len(p.chunks)
+		ok := true
+		for c, b := range p.chunks {
+			size += len(b)
+			lo := c << p.model.chunkLog
+			ok = ok && min(p.shape.n-lo, 1<<p.model.chunkLog) <= wireMaxInflation*len(b)
+		}
+		p.syms = nil
+		// The Huffman stage codes bytes: pairs of 4-bit codes, runs of 2-bit
+		// ones, which can beat a context per code where neighbours depend on
+		// each other; keep the wire coder only where it beats that too.
+		if ok && size < p.shape.rawBytes && size < huffmanEstimate(codesOf(p)) {
+			coded[p.index] = p
+		}
+	}
+	rest := make([][]safetensors.Tensor, len(stored))
+	for i, ts := range stored {
+		for _, t := range ts {
+			if coded[i] == nil || t.Name != names[i]+CodesSuffix {
+				rest[i] = append(rest[i], t)
+			}
+		}
+	}
+	out, lossless, err := deflateStored(names, rest, workers)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for i := range out {
+		p := coded[i]
+		if p == nil {
+			continue
+		}
+		model := p.model.marshal()
+		var n int
+		for _, b := range p.chunks {
+			n += len(b)
+		}
+		data := make([]byte, 0, n)
+		offsets := make([]byte, 8*len(p.chunks))
+		for c, b := range p.chunks {
+			data = append(data, b...)
+			binary.LittleEndian.PutUint64(offsets[8*c:], uint64(len(data)))
+		}
+		name := names[i] + CodesSuffix
+		out[i] = append([]safetensors.Tensor{
+			{Name: name, DType: safetensors.U8, Shape: []int{len(data)}, Data: data},
+			{Name: name + ChunksSuffix, DType: safetensors.U64, Shape: []int{len(p.chunks)}, Data: offsets},
+			{Name: name + WireModelSuffix, DType: safetensors.U8, Shape: []int{len(model)}, Data: model},
+		}, out[i]...)
+		wired[i] = []string{CodesSuffix}
+	}
+	return out, wired, lossless, nil
+}
+
+// huffmanEstimate is about the size the lossless stage codes raw to: the
+// order-0 byte entropy of each of its chunks, plus its tables and offsets.
+func huffmanEstimate(raw []byte) int {
+	var total float64
+	for lo := 0; lo < len(raw); lo += LosslessChunk {
+		chunk := raw[lo:min(len(raw), lo+LosslessChunk)]
+		var hist [256]int
+		for _, b := range chunk {
+			hist[b]++
+		}
+		n := float64(len(chunk))
+		used := 0
+		for _, k := range hist {
+			if k > 0 {
+				total -= float64(k) * math.Log2(float64(k)/n) / 8
+				used++
+			}
+		}
+		total += float64(used)/2 + 8 + 8 // the Huffman table, about 4 bits a used byte; the stream's framing; the offset
+	}
+	return int(total)
+}
+
+// wireInflate returns a view of f in which every wire-coded part of the
+// tensors in infos is decoded to its packed codes, checking the model,
+// offsets and streams first.
+func wireInflate(f *safetensors.File, infos []TensorInfo, workers int) (*safetensors.File, error) {
+	type part struct {
+		tensor  string
+		shape   wireShape
+		model   *wireModel
+		coded   []byte
+		offsets []uint64
+		raw     []byte
+	}
+	var parts []*part
+	var jobs []chunkJob
+	replaced := map[string]*part{}
+	drop := map[string]bool{}
+	for _, ti := range infos {
+		for _, suffix := range ti.Wire {
+			if suffix != CodesSuffix {
+				return nil, tensorErrorf(ti.Name, "%w: part %q cannot be wire-coded (only %s)", ErrWire, suffix, CodesSuffix)
+			}
+			name := ti.Name + suffix
+			if err := ti.Scheme.Validate(); err != nil {
+				return nil, tensorErrorf(ti.Name, "scheme: %w", err)
+			}
+			l, err := newLayout(ti.Shape, ti.Scheme, ti.DType, ti.Rotation)
+			if err != nil {
+				return nil, &TensorError{Tensor: ti.Name, Err: err}
+			}
+			w, ok := wireShapeOf(l)
+			if !ok || w.n == 0 {
+				return nil, tensorErrorf(ti.Name, "%w: scheme %s and shape %v have no codes the wire stage codes", ErrWire, ti.Scheme, ti.Shape)
+			}
+			ct, ot, mt := f.Tensor(name), f.Tensor(name+ChunksSuffix), f.Tensor(name+WireModelSuffix)
+			if ct == nil || ot == nil || mt == nil || ct.DType != safetensors.U8 || ot.DType != safetensors.U64 || mt.DType != safetensors.U8 {
+				return nil, tensorErrorf(ti.Name, "%w: want %s (U8), %s%s (U64) and %s%s (U8)", ErrWire, suffix, suffix, ChunksSuffix, suffix, WireModelSuffix)
+			}
+			m, err := parseWireModel(mt.Data, w.bits, w.contexts, w.n)
+			if err != nil {
+				return nil, tensorErrorf(ti.Name, "%w: %s%s: %v", ErrWire, suffix, WireModelSuffix, err)
+			}
+			n := (w.n-1)>>m.chunkLog + 1
+			if len(ot.Data) != 8*n {
+				return nil, tensorErrorf(ti.Name, "%w: %s%s holds %d offsets, want %d for %d codes", ErrWire, suffix, ChunksSuffix, len(ot.Data)/8, n, w.n)
+			}
+			p := &part{tensor: ti.Name, shape: w, model: m, coded: ct.Data, offsets: make([]uint64, n)}
+			var prev uint64
+			for c := 0; c < n; c++ {
+				end := binary.LittleEndian.Uint64(ot.Data[8*c:])
+				syms := min(1<<m.chunkLog, w.n-c<<m.chunkLog)
+				if end <= prev || end > uint64(len(ct.Data)) {
+					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: offset %d not ascending or past the %d coded bytes", ErrWire, suffix, c, end, len(ct.Data))
+				}
+				if uint64(syms) > wireMaxInflation*(end-prev) {
+					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: %d coded bytes cannot hold %d codes", ErrWire, suffix, c, end-prev, syms)
+				}
+				p.offsets[c], prev = end, end
+				jobs = append(jobs, chunkJob{len(parts), c})
+			}
+			if prev != uint64(len(ct.Data)) {
+				return nil, tensorErrorf(ti.Name, "%w: %s has %d bytes after its last chunk", ErrWire, suffix, uint64(len(ct.Data))-prev)
+			}
+			p.raw = make([]byte, w.rawBytes) // at most wireMaxInflation codes per coded byte, checked above
+			parts = append(parts, p)
+			replaced[name] = p
+			drop[name+ChunksSuffix], drop[name+WireModelSuffix] = true, true
+		}
+	}
+	scratch := make([][]uint8, max(workers, 1))
+	err := forEach(len(jobs), workers, func(wk, k int) error {
+		p, c := parts[jobs[k].part], jobs[k].chunk
+		var begin uint64
+		if c > 0 {
+			begin = p.offsets[c-1]
+		}
+		lo := c << p.model.chunkLog
+		hi := min(p.shape.n, lo+1<<p.model.chunkLog)
+		if cap(scratch[wk]) < hi-lo {
+			scratch[wk] = make([]uint8, hi-lo)
+		}
+		syms := scratch[wk][:hi-lo]
+		if err := p.model.decodeChunk(syms, p.coded[begin:p.offsets[c]], p.shape, lo); err != nil {
+			return tensorErrorf(p.tensor, "%w: %s chunk %d: %v", ErrWire, CodesSuffix, c, err)
+		}
+		wirePack(p.raw[lo*p.shape.bits/8:PackedLen(hi, p.shape.bits)], syms, p.shape.bits)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &safetensors.File{Metadata: f.Metadata}
+	for _, t := range f.Tensors {
+		switch p := replaced[t.Name]; {
+		case p != nil:
+			out.Tensors = append(out.Tensors, safetensors.Tensor{Name: t.Name, DType: safetensors.U8, Shape: []int{len(p.raw)}, Data: p.raw})
+		case !drop[t.Name]:
+			out.Tensors = append(out.Tensors, t)
+		}
+	}
+	return out, nil
+}

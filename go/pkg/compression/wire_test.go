@@ -1,0 +1,461 @@
+package compression
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand"
+	"strings"
+	"testing"
+
+	"kvlib/pkg/safetensors"
+)
+
+// wireCache is a synthetic cache in dtype dt with what the wire stage
+// models: per-channel means and scales, as real keys and values have, and
+// tokens that drift slowly.
+func wireCache(seed int64, dt safetensors.DType, layers, heads, seq, dim int) *safetensors.File {
+	r := rand.New(rand.NewSource(seed))
+	f := &safetensors.File{Metadata: map[string]string{"model_name": "synthetic"}}
+	for l := 0; l < layers; l++ {
+		for _, kind := range []string{"key", "value"} {
+			chScale, chMean := make([]float64, heads*dim), make([]float64, heads*dim)
+			for i := range chScale {
+				chScale[i] = 0.2 + r.ExpFloat64()*0.3
+				chMean[i] = 1.5 * r.NormFloat64()
+			}
+			x := make([]float32, heads*seq*dim)
+			for h := 0; h < heads; h++ {
+				prev := make([]float64, dim)
+				for t := 0; t < seq; t++ {
+					for d := 0; d < dim; d++ {
+						prev[d] = 0.8*prev[d] + 0.6*r.NormFloat64()
+						x[(h*seq+t)*dim+d] = float32(chMean[h*dim+d] + prev[d]*chScale[h*dim+d])
+					}
+				}
+			}
+			t, err := safetensors.NewFloatTensor(fmt.Sprintf("layer_%d_%s", l, kind), dt, []int{1, heads, seq, dim}, x)
+			if err != nil {
+				panic(err)
+			}
+			f.Tensors = append(f.Tensors, t)
+		}
+	}
+	return f
+}
+
+// wireCheckSame compresses src with spec and spec+wire and checks that the
+// stage changes nothing of the reconstruction, in memory and through a file.
+func wireCheckSame(t *testing.T, src *safetensors.File, name string) (*Result, *Result, *Header) {
+	t.Helper()
+	plain, err := ParseSpec(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	coded, err := ParseSpec(name + WireSuffix)
+	if err != nil || !coded.Wire || coded.Lossless || coded.String() != plain.String()+WireSuffix {
+		t.Fatalf("%q parses to %+v (%v)", name+WireSuffix, coded, err)
+	}
+	a, err := Compress(src, Config{Spec: plain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Compress(src, Config{Spec: coded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, hdr, err := Decompress(roundTripFile(t, b.Compressed), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range back.Tensors {
+		if !bytes.Equal(back.Tensors[i].Data, a.Restored.Tensors[i].Data) || !bytes.Equal(b.Restored.Tensors[i].Data, a.Restored.Tensors[i].Data) {
+			t.Fatalf("%s: the stage changed the reconstruction", back.Tensors[i].Name)
+		}
+	}
+	if b.Report.CompressedSizeBytes > a.Report.CompressedSizeBytes {
+		t.Errorf("the stage grew the payload: %d > %d bytes", b.Report.CompressedSizeBytes, a.Report.CompressedSizeBytes)
+	}
+	return a, b, hdr
+}
+
+// Every preset on every source dtype: the same reconstruction, and the
+// codes of every packed scheme wire-coded and smaller than the Huffman stage's.
+func TestWireIsBitIdenticalForEveryPreset(t *testing.T) {
+	for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16, safetensors.BF16} {
+		src := wireCache(31, dt, 2, 3, 300, 64)
+		for _, name := range append(PresetNames(), "k=asym3/g16/channel/out0.01/res5,v=sym5/g32/rot", "lm2/g32/rot/sp0.1", "sym2/g64") {
+			t.Run(string(dt)+"/"+name, func(t *testing.T) {
+				a, b, hdr := wireCheckSame(t, src, name)
+				spec, _ := ParseSpec(name)
+				packed := !spec.Key.Method.IsGGML()
+				for _, ti := range hdr.Tensors {
+					if len(ti.Wire) > 0 && !packed || name == "int4" && len(ti.Wire) == 0 {
+						t.Errorf("%s: wire %v", ti.Name, ti.Wire)
+					}
+				}
+				if b.Report.CompressedSizeBytes >= a.Report.CompressedSizeBytes {
+					t.Errorf("sizes: plain %d, wire %d", a.Report.CompressedSizeBytes, b.Report.CompressedSizeBytes)
+				}
+				if packed {
+					l, err := ParseSpec(name + LosslessSuffix)
+					if err != nil {
+						t.Fatal(err)
+					}
+					c, err := Compress(src, Config{Spec: l})
+					if err != nil {
+						t.Fatal(err)
+					}
+					// never more than the lossless stage's (its size is estimated, hence the margin)
+					if float64(b.Report.CompressedSizeBytes) > 1.005*float64(c.Report.CompressedSizeBytes) {
+						t.Errorf("wire %d bytes, lossless %d", b.Report.CompressedSizeBytes, c.Report.CompressedSizeBytes)
+					}
+				}
+				if b.Report.Lossless == nil || b.Report.Lossless.WithoutBytes != a.Report.CompressedSizeBytes {
+					t.Errorf("report: %+v", b.Report.Lossless)
+				}
+				if !strings.Contains(name, "=") && !strings.Contains(name, "/") && b.Report.SchemeName != a.Report.SchemeName+WireSuffix {
+					t.Errorf("scheme name %q", b.Report.SchemeName)
+				}
+			})
+		}
+	}
+}
+
+// Empty, short and odd shapes, 1-D tensors and constant tensors (a
+// single-symbol alphabet in every context) come back the same.
+func TestWireShortEmptyAndConstant(t *testing.T) {
+	constant := func(shape []int, v float32) *safetensors.File {
+		x := make([]float32, product(shape))
+		for i := range x {
+			x[i] = v
+		}
+		k, _ := safetensors.NewFloatTensor("layer_0_key", safetensors.F32, shape, x)
+		v2, _ := safetensors.NewFloatTensor("layer_0_value", safetensors.F32, shape, x)
+		return &safetensors.File{Tensors: []safetensors.Tensor{k, v2}}
+	}
+	cases := []struct {
+		name string
+		src  *safetensors.File
+	}{
+		{"one token", wireCache(1, safetensors.F32, 1, 2, 1, 64)},
+		{"three tokens, head_dim 5", wireCache(2, safetensors.F16, 1, 2, 3, 5)},
+		{"no tokens", wireCache(3, safetensors.F32, 1, 2, 0, 64)},
+		{"several chunks", wireCache(4, safetensors.BF16, 1, 1, 2100, 64)},
+		{"constant", constant([]int{1, 2, 700, 64}, 0.25)},
+		{"zeros", constant([]int{1, 2, 64, 64}, 0)},
+		{"1-D", constant([]int{1000}, 1)},
+	}
+	for _, c := range cases {
+		for _, name := range []string{"int4", "kivi2", "rot3", "sym8/g64", "k=asym4/g8/channel/res3,v=sym2/g16"} {
+			t.Run(c.name+"/"+name, func(t *testing.T) {
+				spec, _ := ParseSpec(name)
+				if spec.Key.Axis == Channel || spec.Key.Rotate || spec.Key.Residual > 0 || spec.Value.Rotate {
+					if sh := c.src.Tensors[0].Shape; len(sh) != 4 || spec.Key.Rotate && sh[3]&(sh[3]-1) != 0 {
+						t.Skip("needs a 4-D tensor, a power-of-two head_dim to rotate")
+					}
+				}
+				wireCheckSame(t, c.src, name)
+			})
+		}
+	}
+}
+
+// The coder alone, on every width, context mode and length (the four
+// states' tails included), with skewed and single-symbol alphabets.
+func TestWireCoderRoundTrip(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	for bits := 1; bits <= 8; bits++ {
+		for _, n := range []int{1, 3, 4, 5, 63, 64, 1000, 1 << 16, 1<<16 + 7} {
+			for _, skew := range []int{0, 1, 3} {
+				w := wireShape{fourD: true, h: 2, d: 8, n: n, bits: bits}
+				w.tq = (n + 15) / 16
+				w.perHeadRun = w.tq * w.d
+				if w.h*w.tq*w.d != n {
+					w = wireShape{n: n, bits: bits}
+				}
+				w.rawBytes = PackedLen(n, bits)
+				syms := make([]uint8, n)
+				for i := range syms {
+					v := r.Intn(1 << bits)
+					for k := 0; k < skew; k++ {
+						v = min(v, r.Intn(1<<bits))
+					}
+					if skew == 3 && bits > 1 {
+						v = 0 // single-symbol alphabet
+					}
+					syms[i] = uint8(v)
+				}
+				m := buildWireModel(syms, w)
+				ctx := make([]uint16, n)
+				m.contextsOf(ctx, w, 0)
+				stream := m.encodeChunk(nil, syms, ctx)
+				m2, err := parseWireModel(m.marshal(), bits, w.contexts, n)
+				if err != nil {
+					t.Fatalf("bits %d n %d: model: %v", bits, n, err)
+				}
+				got := make([]uint8, n)
+				if err := m2.decodeChunk(got, stream, w, 0); err != nil {
+					t.Fatalf("bits %d n %d skew %d mode %d: %v", bits, n, skew, m.mode, err)
+				}
+				if !bytes.Equal(got, syms) {
+					t.Fatalf("bits %d n %d skew %d: decoded differently", bits, n, skew)
+				}
+				packed := make([]byte, PackedLen(n, bits))
+				wirePack(packed, syms, bits)
+				back := make([]uint8, n)
+				wireUnpack(back, packed, 0, bits)
+				if !bytes.Equal(back, syms) {
+					t.Fatalf("bits %d n %d: pack/unpack differ", bits, n)
+				}
+			}
+		}
+	}
+}
+
+// Bad payloads: one-line typed errors naming the tensor and part, never a
+// panic or an allocation beyond the declared size.
+func TestWireRejectsBadPayloads(t *testing.T) {
+	src := wireCache(22, safetensors.F32, 1, 1, 2100, 64) // 134,400 codes: three chunks
+	spec, _ := ParseSpec("int4+wire")
+	res, err := Compress(src, Config{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "layer_0_key" + CodesSuffix
+	mutate := func(fn func(c, o, m *safetensors.Tensor)) *safetensors.File {
+		f := &safetensors.File{Metadata: res.Compressed.Metadata}
+		for _, tn := range res.Compressed.Tensors {
+			tn.Data = append([]byte(nil), tn.Data...)
+			f.Tensors = append(f.Tensors, tn)
+		}
+		fn(f.Tensor(name), f.Tensor(name+ChunksSuffix), f.Tensor(name+WireModelSuffix))
+		return f
+	}
+	off := func(t *safetensors.Tensor, c int) uint64 { return binary.LittleEndian.Uint64(t.Data[8*c:]) }
+	setOff := func(t *safetensors.Tensor, c int, v uint64) { binary.LittleEndian.PutUint64(t.Data[8*c:], v) }
+	tests := []struct {
+		name string
+		fn   func(c, o, m *safetensors.Tensor)
+		want string
+	}{
+		{"corrupted stream", func(c, o, m *safetensors.Tensor) {
+			for i := 20; i < 60; i++ {
+				c.Data[i] ^= 0x5a
+			}
+		}, "chunk 0"},
+		{"corrupted state", func(c, o, m *safetensors.Tensor) { c.Data[off(o, 0)+1] ^= 1 }, "chunk 1"},
+		{"truncated payload", func(c, o, m *safetensors.Tensor) { c.Data = c.Data[:len(c.Data)-100] }, "past the"},
+		{"offsets not ascending", func(c, o, m *safetensors.Tensor) { setOff(o, 1, off(o, 0)) }, "not ascending"},
+		{"offset past the end", func(c, o, m *safetensors.Tensor) { setOff(o, 2, 1<<40) }, "past the"},
+		{"missing offsets", func(c, o, m *safetensors.Tensor) { o.Data = o.Data[:8] }, "holds 1 offsets, want 3"},
+		{"bytes after the last chunk", func(c, o, m *safetensors.Tensor) { c.Data = append(c.Data, 1, 2, 3) }, "3 bytes after its last chunk"},
+		{"chunk claims too much", func(c, o, m *safetensors.Tensor) { setOff(o, 0, 16) }, "cannot hold"},
+		{"model version", func(c, o, m *safetensors.Tensor) { m.Data[0] = 9 }, "model version 9"},
+		{"model width", func(c, o, m *safetensors.Tensor) { m.Data[1] = 3 }, "3-bit codes"},
+		{"model mode", func(c, o, m *safetensors.Tensor) { m.Data[2] = 7 }, "context mode 7"},
+		{"model precision", func(c, o, m *safetensors.Tensor) { m.Data[3] = 13 }, "precision 13"},
+		{"model resolution", func(c, o, m *safetensors.Tensor) { m.Data[4] = 3 }, "resolution 3"},
+		{"model chunk size", func(c, o, m *safetensors.Tensor) { m.Data[5] = 40 }, "chunk log 40"},
+		{"tables truncated", func(c, o, m *safetensors.Tensor) { m.Data = m.Data[:len(m.Data)/2] }, "table"},
+		{"tables extended", func(c, o, m *safetensors.Tensor) { m.Data = append(m.Data, 0, 0) }, "after the tables"},
+		{"tables corrupted", func(c, o, m *safetensors.Tensor) {
+			for i := wireHeaderSize; i < len(m.Data); i += 3 {
+				m.Data[i] ^= 0xff
+			}
+		}, "wire payload"},
+		{"model missing", func(c, o, m *safetensors.Tensor) { m.Name = "other" }, "want .codes (U8)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := mutate(func(c, o, m *safetensors.Tensor) {
+				tc.fn(c, o, m)
+				c.Shape, o.Shape, m.Shape = []int{len(c.Data)}, []int{len(o.Data) / 8}, []int{len(m.Data)}
+			})
+			var err error
+			if used := allocated(func() { _, _, err = Decompress(roundTripFile(t, f), 2) }); used > memoryBound(len(c0(f))) {
+				t.Errorf("allocated %d bytes", used)
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			var te *TensorError
+			msg := err.Error()
+			if !errors.As(err, &te) || te.Tensor != "layer_0_key" || strings.Contains(msg, "\n") || !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q, want a one-line TensorError on layer_0_key containing %q", msg, tc.want)
+			}
+			if !errors.Is(err, ErrWire) && !strings.Contains(tc.want, "want .codes") {
+				t.Errorf("error %q is not ErrWire", msg)
+			}
+		})
+	}
+	// + lossless and + wire together: one stage only.
+	if _, err := ParseSpec("int4+lossless+wire"); err == nil {
+		t.Error("int4+lossless+wire parsed")
+	}
+}
+
+// c0 is the encoded size of a file, for the allocation bound.
+func c0(f *safetensors.File) []byte {
+	var buf bytes.Buffer
+	safetensors.Encode(&buf, f)
+	return buf.Bytes()
+}
+
+// FuzzWireDecode drives the model parser and the chunk decoder with
+// arbitrary bytes: errors, never a panic, an out-of-range write or a
+// decode longer than the chunk.
+func FuzzWireDecode(f *testing.F) {
+	r := rand.New(rand.NewSource(9))
+	for _, bits := range []int{2, 4, 8} {
+		w := wireShape{fourD: true, h: 2, d: 8, tq: 16, n: 256, bits: bits, perHeadRun: 128}
+		syms := make([]uint8, w.n)
+		for i := range syms {
+			syms[i] = uint8(min(r.Intn(1<<bits), r.Intn(1<<bits)))
+		}
+		m := buildWireModel(syms, w)
+		ctx := make([]uint16, w.n)
+		m.contextsOf(ctx, w, 0)
+		f.Add(uint8(bits), m.marshal(), m.encodeChunk(nil, syms, ctx), uint16(w.n))
+	}
+	f.Fuzz(func(t *testing.T, bits uint8, model, stream []byte, n uint16) {
+		b := int(bits%8) + 1
+		w := wireShape{fourD: true, h: 2, d: 8, tq: (int(n) + 15) / 16, bits: b}
+		w.n = w.h * w.d * w.tq
+		w.perHeadRun = w.tq * w.d
+		m, err := parseWireModel(model, b, w.contexts, w.n)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("multi-line error %q", err)
+			}
+			return
+		}
+		dst := make([]uint8, w.n)
+		if err := m.decodeChunk(dst, stream, w, 0); err == nil {
+			for _, s := range dst {
+				if int(s) >= 1<<b {
+					t.Fatalf("symbol %d out of a %d-bit alphabet", s, b)
+				}
+			}
+		}
+	})
+}
+
+// FuzzWireDecompress is FuzzDecompress on wire-coded files.
+func FuzzWireDecompress(f *testing.F) {
+	for _, name := range []string{"int4+wire", "kivi2+wire", "rot3+wire", "k=asym3/g8/channel/res2,v=lm2/g16+wire"} {
+		spec, _ := ParseSpec(name)
+		res, err := Compress(wireCache(11, safetensors.F16, 1, 2, 40, 32), Config{Spec: spec})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(c0(res.Compressed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		parsed, err := safetensors.Parse(data)
+		if err != nil {
+			return
+		}
+		var derr error
+		if used := allocated(func() { _, _, derr = Decompress(parsed, 2) }); used > memoryBound(len(data)) {
+			t.Fatalf("decompress allocated %d bytes for a %d-byte file", used, len(data))
+		}
+		if derr != nil && strings.Contains(derr.Error(), "\n") {
+			t.Fatalf("multi-line error %q", derr)
+		}
+	})
+}
+
+// wireBenchCodes is the benchmark cache's int4 codes, one part per tensor.
+func wireBenchParts(b *testing.B, scheme string) (names []string, layouts []*layout, stored [][]safetensors.Tensor, infos []TensorInfo, elems int) {
+	spec, err := ParseSpec(scheme)
+	if err != nil {
+		b.Fatal(err)
+	}
+	res, err := Compress(benchCache, Config{Spec: spec})
+	if err != nil {
+		b.Fatal(err)
+	}
+	hdr, err := ReadHeader(res.Compressed)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, ti := range hdr.Tensors {
+		l, err := newLayout(ti.Shape, ti.Scheme, ti.DType, ti.Rotation)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var ts []safetensors.Tensor
+		for _, t := range res.Compressed.Tensors {
+			if strings.HasPrefix(t.Name, ti.Name+".") {
+				ts = append(ts, t)
+			}
+		}
+		names, layouts, stored, infos = append(names, ti.Name), append(layouts, l), append(stored, ts), append(infos, ti)
+		elems += ti.NumElements()
+	}
+	return
+}
+
+// BenchmarkWire codes (encode) and decodes (decode) the stored parts of the
+// benchmark cache ($KVQ_BENCH_FILE, make bench's real cache) under the
+// wire stage, on 2 goroutines; MB/s is of the restored cache as BF16 (2
+// bytes an element), "bpe" the coded bits per element (everything counted).
+func BenchmarkWire(b *testing.B) {
+	for _, scheme := range []string{"int4", "kivi2", "rot3"} {
+		names, layouts, stored, infos, elems := wireBenchParts(b, scheme)
+		var coded [][]safetensors.Tensor
+		var wired, lossless [][]string
+		b.Run(scheme+"/encode", func(b *testing.B) {
+			b.SetBytes(int64(2 * elems))
+			var err error
+			for i := 0; i < b.N; i++ {
+				if coded, wired, lossless, err = wireStored(names, layouts, stored, 2); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var size int
+			for _, ts := range coded {
+				for _, t := range ts {
+					size += len(t.Data)
+				}
+			}
+			b.ReportMetric(8*float64(size)/float64(elems), "bpe")
+		})
+		f := &safetensors.File{}
+		for i, ts := range coded {
+			f.Tensors = append(f.Tensors, ts...)
+			infos[i].Wire, infos[i].Lossless = wired[i], lossless[i]
+		}
+		b.Run(scheme+"/decode", func(b *testing.B) {
+			b.SetBytes(int64(2 * elems))
+			for i := 0; i < b.N; i++ {
+				view, err := wireInflate(f, infos, 2)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := inflateStored(view, infos, rawPartSize, 2); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// An int4 cache through the wire stage: fewer bytes, the same reconstruction.
+func ExampleParseSpec_wire() {
+	src := wireCache(1, safetensors.F16, 2, 2, 512, 64)
+	plain, _ := ParseSpec("int4")
+	wire, _ := ParseSpec("int4" + WireSuffix)
+	a, _ := Compress(src, Config{Spec: plain})
+	b, _ := Compress(src, Config{Spec: wire})
+	back, hdr, _ := Decompress(b.Compressed, 2)
+	same := true
+	for i := range back.Tensors {
+		same = same && bytes.Equal(back.Tensors[i].Data, a.Restored.Tensors[i].Data)
+	}
+	fmt.Println(wire.Name(), hdr.Tensors[0].Wire, hdr.Tensors[0].Lossless, same,
+		b.Report.BitsPerElement < a.Report.BitsPerElement)
+	// Output: int4+wire [.codes] [.scales] true true
+}
