@@ -12,7 +12,8 @@ import pytest
 
 from kvlib.report.llamacpp import agreement
 from kvlib.runs.llamacpp import (CacheTypes, ChunkRun, Comparison, SideBySide, chunk_ids, delta, delta_ci,
-                                 first_difference, gguf_bos, kvlib_spec, paired_ci, parse_chunks, parse_types)
+                                 first_difference, gguf_bos, kvlib_spec, paired_ci, parse_chunks, parse_types,
+                                 reused_kvlib_side)
 from kvlib.scoring.perplexity import plan_chunks
 
 # llama-perplexity --ppl-output-type 1 on SmolLM2-135M, WikiText-2 valid, -c 2048 (first 3 rows).
@@ -107,6 +108,25 @@ def test_a_run_round_trips_through_its_json_and_old_json_gets_its_cis():
     for row in d["rows"]:  # a JSON written before each side's CI was kept: recomputed from the chunks
         del row["engine_ci"], row["kvlib_ci"]
     assert json.loads(json.dumps(SideBySide.from_dict(d).to_dict()))["rows"] == json.loads(json.dumps(r.to_dict()))["rows"]
+
+
+def test_kvlibs_side_is_reused_only_from_the_same_gguf_tokens_and_chunks(tmp_path):
+    """--kvlib-from: kvlib's NLLs of an earlier run, per setting, when the GGUF, n_ctx, chunks and token ids
+    match; a one-line ValueError naming the file otherwise, or when a setting was not run."""
+    r = _side_by_side()
+    r.tokens = {"count": 272244, "bos_each_chunk": 2}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(r.to_dict()))
+    base, q4 = CacheTypes("f16", "f16", True), CacheTypes("q4_0", "q4_0", True)
+    got = reused_kvlib_side(path, Path("m.gguf"), 2048, 8, {"count": 272244, "bos_each_chunk": 2}, [base, q4])
+    assert got[base].nll == r.kvlib_base_nll and got[q4].nll == r.rows[1].kvlib_nll
+    with pytest.raises(ValueError, match="old.json: kvlib's side was run on"):
+        reused_kvlib_side(path, Path("m.gguf"), 2048, 24, {"count": 272244, "bos_each_chunk": 2}, [base, q4])
+    with pytest.raises(ValueError, match="old.json: no kvlib run of q4_0, rotation off"):
+        reused_kvlib_side(path, Path("m.gguf"), 2048, 8, {"count": 272244, "bos_each_chunk": 2},
+                          [base, CacheTypes("q4_0", "q4_0", False)])
+    r.engine_weights, r.kvlib_from = "f32", str(path)
+    assert SideBySide.from_dict(json.loads(json.dumps(r.to_dict()))).engine_weights == "f32"
 
 
 def test_agreement_names_the_bound_that_governs():

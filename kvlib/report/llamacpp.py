@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 
 from kvlib.gates import CI_LEVEL
 from kvlib.report.common import Figure, fmt, html_table
-from kvlib.runs.llamacpp import AGREE_ABS, AGREE_REL, Comparison, SideBySide
+from kvlib.runs.llamacpp import AGREE_ABS, AGREE_REL, Comparison, SideBySide, weights_label
 
 HEADERS = ["setting", "flags", "llama.cpp perplexity", "llama.cpp Δ [CI]", "kvlib write-mode perplexity",
            "kvlib Δ [CI]", "kvlib − llama.cpp [CI]", "agreement goal"]
@@ -55,7 +55,8 @@ def plot_differences(runs: list[SideBySide]) -> Figure:
         color = "#1f77b4" if c.agrees else "#d62728"
         ax.errorbar([d], [i], xerr=[[d - lo], [hi - d]], fmt="o", color=color, ms=5, capsize=3, lw=1)
     ax.axvline(0, color="#555555", lw=0.8)
-    ax.set_yticks(range(len(rows)), [f"{c.setting.label} ({r.model.split('.')[0]}, {r.chunks} chunks)"
+    ax.set_yticks(range(len(rows)), [f"{c.setting.label} ({r.model.split('.')[0]}{', F32 weights' if r.engine_weights == 'f32' else ''}, "
+                                     f"{r.chunks} chunks)"
                                      for r, c in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("kvlib's write-mode Δ perplexity minus llama.cpp's (each against its own f16 cache)")
@@ -68,8 +69,9 @@ def plot_differences(runs: list[SideBySide]) -> Figure:
 def reading(r: SideBySide) -> str:
     """The run in a few sentences: how many settings meet the goal, which do not, and the time each side took."""
     bad = [c for c in r.rows if not c.agrees]
-    says = [f"**{r.model}** on `{r.text}`, {r.chunks} chunks of {r.n_ctx} tokens: "
-            f"**{len(r.rows) - len(bad)} of {len(r.rows)}** settings meet the agreement goal."]
+    reused = f" (kvlib's side from `{r.kvlib_from}`)" if r.kvlib_from else ""
+    says = [f"**{r.model}** on `{r.text}`, {r.chunks} chunks of {r.n_ctx} tokens, llama.cpp on {weights_label(r)}"
+            f"{reused}: **{len(r.rows) - len(bad)} of {len(r.rows)}** settings meet the agreement goal."]
     for c in bad:
         lo, hi = c.diff_ci
         spans = "spans zero" if lo <= 0 <= hi else "excludes zero"

@@ -4,7 +4,9 @@
 and through kvlib's write mode with the same types; each side's delta is against its own f16
 cache on the same chunks, and the difference of the two deltas gets a paired bootstrap CI over
 chunks. llama.cpp runs its own quantized weights and kernels, so the two cannot agree to the bit;
-what is part of the engine's cache arithmetic is emulated (see docs/engines.md).
+what is part of the engine's cache arithmetic is emulated (see docs/engines.md). With
+``--engine-weights f32`` llama.cpp runs the GGUF dequantized to F32 by its own ``llama-quantize``:
+the weights kvlib runs, so that what remains between the two sides is the cache's arithmetic.
 """
 
 from __future__ import annotations
@@ -238,6 +240,8 @@ class SideBySide:
     seconds: dict[str, float] = field(default_factory=dict)
     # both sides score llama-tokenize's ids; where kvlib's own tokenizer first differs (None: nowhere)
     tokens: dict[str, Any] = field(default_factory=dict)
+    engine_weights: str = "gguf"  # the GGUF's own weights and kernels, or "f32": dequantized by llama-quantize
+    kvlib_from: str = ""  # the run kvlib's side was taken from (it does not depend on llama.cpp's weights)
 
     @property
     def targets_per_chunk(self) -> int:
@@ -250,7 +254,8 @@ class SideBySide:
     def from_dict(cls, d: dict) -> "SideBySide":
         """A run back from its JSON (each side's CI recomputed from the chunks' NLLs when absent)."""
         r = cls(**{k: d[k] for k in ("model", "text", "n_ctx", "chunks", "engine_base_ppl", "kvlib_base_ppl",
-                                     "engine_base_nll", "kvlib_base_nll", "seconds")}, tokens=d.get("tokens", {}))
+                                     "engine_base_nll", "kvlib_base_nll", "seconds")}, tokens=d.get("tokens", {}),
+                engine_weights=d.get("engine_weights", "gguf"), kvlib_from=d.get("kvlib_from", ""))
         per = r.targets_per_chunk
         for row in d["rows"]:
             c = Comparison(CacheTypes(**row["setting"]), row["kvlib_spec"], row["engine_delta"], row["kvlib_delta"],
@@ -299,32 +304,79 @@ def run_kvlib(model: Any, ids: Any, n_ctx: int, chunks: int, settings: list[Cach
     return out
 
 
+def dequantized_gguf(quantize: Path, gguf: Path, out_dir: Path, timeout: float = 1800) -> Path:
+    """``gguf`` with every tensor dequantized to F32 by llama.cpp's own ``llama-quantize --allow-requantize
+    ... F32`` (cached in ``out_dir``, written under a temporary name first): the values transformers
+    loads from the GGUF, for llama.cpp to run with its F32 kernels."""
+    out = out_dir / f"{gguf.stem}-{gguf.stat().st_size}-f32.gguf"
+    if out.is_file():
+        return out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    proc = subprocess.run([str(quantize), "--allow-requantize", str(gguf), str(tmp), "F32"], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LlamaCppError(f"llama-quantize could not dequantize {gguf.name} to F32: {last}")
+    tmp.replace(out)
+    return out
+
+
+def reused_kvlib_side(path: Path, gguf: Path, n_ctx: int, chunks: int, tokens: dict[str, Any],
+                      settings: list[CacheTypes]) -> dict[CacheTypes, ChunkRun]:
+    """kvlib's side of an earlier run (``--kvlib-from``) on the same GGUF, token ids and chunks: its
+    per-chunk NLLs do not depend on which weights llama.cpp ran. ValueError names what does not match."""
+    old = SideBySide.from_dict(json.loads(path.read_text()))
+    want = (gguf.name, n_ctx, chunks, tokens.get("count"), tokens.get("bos_each_chunk"))
+    have = (old.model, old.n_ctx, old.chunks, old.tokens.get("count"), old.tokens.get("bos_each_chunk"))
+    if want != have:
+        raise ValueError(f"{path}: kvlib's side was run on {have} (GGUF, n_ctx, chunks, tokens, BOS), not {want}")
+    per = old.targets_per_chunk
+    rows = {c.setting: c for c in old.rows}
+    if missing := [s.label for s in settings[1:] if s not in rows]:
+        raise ValueError(f"{path}: no kvlib run of {', '.join(missing)}")
+    return {settings[0]: ChunkRun(old.kvlib_base_nll, per), **{s: ChunkRun(rows[s].kvlib_nll, per) for s in settings[1:]}}
+
+
+def token_plan(binary: Path, gguf: Path, text: Path, tok: Any) -> tuple[list[int], dict[str, Any]]:
+    """llama-tokenize's ids of ``text`` and what the result records about them."""
+    theirs, bos = llama_token_ids(binary, gguf, text), gguf_bos(gguf)
+    return theirs, {"source": "llama-tokenize --no-parse-special", "count": len(theirs),
+                    "bos_each_chunk": bos if theirs and theirs[0] == bos else None,
+                    "kvlib_tokenizer_differs_at": first_difference(tokenize(tok, load_corpus(str(text)))[0].tolist(), theirs)}
+
+
 def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int = 2048, chunks: int = 8,
-                 threads: int | None = None, say: Any = print, corpus: str | None = None) -> SideBySide:
+                 threads: int | None = None, say: Any = print, corpus: str | None = None, engine_weights: str = "gguf",
+                 kvlib_from: Path | None = None) -> SideBySide:
     """Both sides on every setting (f16 first: each side's baseline), compared; ``corpus`` names the
-    text in the result (default: its path)."""
+    text in the result (default: its path); ``engine_weights`` "f32" runs llama.cpp on the dequantized
+    GGUF; ``kvlib_from`` takes kvlib's side from an earlier run's JSON."""
 
     base = CacheTypes("f16", "f16", True)
     settings = [base] + [s for s in settings if s != base]
     binary = build_peer()
+    engine_gguf = gguf if engine_weights == "gguf" else dequantized_gguf(
+        binary.with_name("llama-quantize"), gguf, binary.parent.parent / "models")
     engine, t0 = {}, time.perf_counter()
     for s in settings:
-        say(f"llama-perplexity: {s.label}...")
-        engine[s] = run_llama_perplexity(binary, gguf, text, n_ctx, chunks, s, threads)
+        say(f"llama-perplexity: {s.label}{'' if engine_weights == 'gguf' else ', F32 weights'}...")
+        engine[s] = run_llama_perplexity(binary, engine_gguf, text, n_ctx, chunks, s, threads)
     t1 = time.perf_counter()
     model, tok = load_model_and_tokenizer(str(gguf), device="cpu")
-    theirs = llama_token_ids(binary, gguf, text)
-    ids = chunk_ids(theirs, n_ctx, chunks, gguf_bos(gguf))  # BOS each chunk when llama-tokenize puts one first
-    bos = gguf_bos(gguf)
-    tokens = {"source": "llama-tokenize --no-parse-special", "count": len(theirs),
-              "bos_each_chunk": bos if theirs and theirs[0] == bos else None,
-              "kvlib_tokenizer_differs_at": first_difference(tokenize(tok, load_corpus(str(text)))[0].tolist(), theirs)}
-    with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
-        say("kvlib write mode on the same chunks...")
-        ours = run_kvlib(model, ids, n_ctx, chunks, settings, gguf_architecture(gguf), Path(tmp))
+    theirs, tokens = token_plan(binary, gguf, text, tok)
+    if kvlib_from is not None:
+        ours = reused_kvlib_side(kvlib_from, gguf, n_ctx, chunks, tokens, settings)
+    else:
+        ids = chunk_ids(theirs, n_ctx, chunks, gguf_bos(gguf))  # BOS each chunk when llama-tokenize puts one first
+        with tempfile.TemporaryDirectory(prefix="kvlib-llamacpp-") as tmp:
+            say("kvlib write mode on the same chunks...")
+            ours = run_kvlib(model, ids, n_ctx, chunks, settings, gguf_architecture(gguf), Path(tmp))
     result = SideBySide(str(gguf.name), corpus or str(text), n_ctx, chunks, engine[base].perplexity, ours[base].perplexity,
-                        engine[base].nll, ours[base].nll, seconds={"llama.cpp_s": t1 - t0, "kvlib_s": time.perf_counter() - t1},
-                        tokens=tokens)
+                        engine[base].nll, ours[base].nll, tokens=tokens, engine_weights=engine_weights,
+                        kvlib_from=str(kvlib_from or ""),
+                        seconds={"llama.cpp_s": t1 - t0, **({} if kvlib_from else {"kvlib_s": time.perf_counter() - t1})})
     for s in settings[1:]:
         result.rows.append(Comparison(s, kvlib_spec(s), delta(engine[s], engine[base]), delta(ours[s], ours[base]),
                                       paired_ci(engine[s], engine[base], ours[s], ours[base]),
@@ -333,9 +385,15 @@ def side_by_side(gguf: Path, text: Path, settings: list[CacheTypes], n_ctx: int 
     return result
 
 
+def weights_label(r: SideBySide) -> str:
+    """Which weights llama.cpp ran, in words."""
+    return ("the GGUF dequantized to F32 (llama-quantize), the weights kvlib runs" if r.engine_weights == "f32"
+            else "the GGUF's own weights and kernels")
+
+
 def print_side_by_side(r: SideBySide) -> None:
-    print(f"{r.model} on {r.text}: {r.chunks} chunks of {r.n_ctx}; f16 perplexity llama.cpp {r.engine_base_ppl:.4f}, "
-          f"kvlib {r.kvlib_base_ppl:.4f}")
+    print(f"{r.model} on {r.text}: {r.chunks} chunks of {r.n_ctx}; llama.cpp on {weights_label(r)}; f16 perplexity "
+          f"llama.cpp {r.engine_base_ppl:.4f}, kvlib {r.kvlib_base_ppl:.4f}")
     print(f"  {'setting':30s} {'llama.cpp d (95% CI)':>30s} {'kvlib d (95% CI)':>30s} "
           f"{'kvlib - llama.cpp (95% CI)':>30s}  agree")
     for c in r.rows:
@@ -371,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=8)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--engine-weights", choices=("gguf", "f32"), default="gguf",
+                    help="llama.cpp runs the GGUF's own weights (gguf), or the GGUF dequantized to F32 by its "
+                         "llama-quantize (f32): the weights kvlib runs, so only the cache's arithmetic differs")
+    ap.add_argument("--kvlib-from", default=None, metavar="JSON",
+                    help="take kvlib's side from an earlier run on the same GGUF, text and chunks (its NLLs do not "
+                         "depend on llama.cpp's weights)")
     a = ap.parse_args(argv)
     try:
         src = resolve_model(a.model)
@@ -384,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             if not text.is_file():  # a named corpus, written out for llama-perplexity's -f
                 text = Path(tmp) / "corpus.txt"
                 text.write_text(load_corpus(a.corpus).text)
-            r = side_by_side(Path(src.path) / src.gguf_file, text, settings, a.n_ctx, a.chunks, corpus=a.corpus)
+            r = side_by_side(Path(src.path) / src.gguf_file, text, settings, a.n_ctx, a.chunks, corpus=a.corpus,
+                             engine_weights=a.engine_weights, kvlib_from=Path(a.kvlib_from) if a.kvlib_from else None)
     except (LlamaCppError, ValueError, KeyError, FileNotFoundError) as e:
         print(f"peer-llamacpp: error: {e}", file=sys.stderr)
         return 2
