@@ -193,6 +193,10 @@ LLAMACPP_TYPES ?= q8_0,q4_0
 # (K/V sets them apart: q4_0/f16 is K only, -ctk q4_0 -ctv f16)
 LLAMACPP_ROTATION ?= on,off
 LLAMACPP_CHUNKS ?= 8
+# gguf: llama.cpp runs the GGUF's own weights; f32: the GGUF dequantized by its llama-quantize, the weights kvlib
+# runs (what remains is the cache's arithmetic). LLAMACPP_KVLIB_FROM=JSON reuses kvlib's side of an earlier run.
+LLAMACPP_WEIGHTS ?= gguf
+LLAMACPP_KVLIB_FROM ?=
 # Each run writes reports/llamacpp-MODEL.json; the report (reports/llamacpp.html) shows every such run, so one
 # MODEL after another builds up the side-by-side. LLAMACPP_JSON= renders runs made before (paths or globs,
 # comma-separated) without running llama.cpp: make peer-llamacpp LLAMACPP_JSON='docs/data/llamacpp/*.json'.
@@ -202,7 +206,9 @@ peer-llamacpp: setup
 	$(if $(LLAMACPP_JSON),,bash peers/build_llamacpp.sh > /dev/null)
 	$(if $(LLAMACPP_JSON),,$(PY) -m kvlib.runs.llamacpp --model $(MODEL) \
 	  --corpus $(if $(filter embedded,$(CORPUS)),wikitext-2-valid,$(CORPUS)) --types $(LLAMACPP_TYPES) \
-	  --rotation $(LLAMACPP_ROTATION) --chunks $(LLAMACPP_CHUNKS) --json $(REPORTS)/llamacpp-$(subst /,_,$(MODEL)).json)
+	  --rotation $(LLAMACPP_ROTATION) --chunks $(LLAMACPP_CHUNKS) --engine-weights $(LLAMACPP_WEIGHTS) \
+	  $(if $(LLAMACPP_KVLIB_FROM),--kvlib-from $(LLAMACPP_KVLIB_FROM)) \
+	  --json $(REPORTS)/llamacpp-$(subst /,_,$(MODEL))$(if $(filter f32,$(LLAMACPP_WEIGHTS)),-f32-weights).json)
 	$(PAPERMILL) notebooks/llamacpp.ipynb $(BUILD)/executed/llamacpp.ipynb -k kvlib \
 	  -r results "$(or $(LLAMACPP_JSON),$(CURDIR)/$(REPORTS)/llamacpp-*.json)" -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/llamacpp.ipynb
