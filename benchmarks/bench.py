@@ -157,6 +157,30 @@ def coder_choice(cache_file: Path, runs: int) -> None:
     print()
 
 
+def wire_speed(cache_file: Path, runs: int) -> None:
+    """The wire stage's coder on its own (BenchmarkWire, 2 goroutines): MB/s of the restored BF16 cache and that
+    speed as a fraction of a memcopy of the same bytes timed in the same benchmark (goal: decode >= 1 GB/s,
+    encode >= half of that)."""
+    env = dict(os.environ, KVQ_BENCH_FILE=str(cache_file), GOTOOLCHAIN="local", GOPROXY="off",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    out = subprocess.run(["go", "test", "-run", "^$", "-bench", "^BenchmarkWire$", "-benchtime", f"{runs}x",
+                          "./pkg/compression"], cwd=REPO / "go", env=env, capture_output=True, text=True,
+                         check=True).stdout
+    rows: dict[str, dict] = {}
+    for m in re.finditer(r"BenchmarkWire/([\w-]+)/(encode|decode)-\d+\s+\d+\s+[\d.]+ ns/op\s+([\d.]+) MB/s"
+                         r"(?:\s+([\d.]+) bpe)?\s+([\d.]+) x_memcpy", out):
+        r = rows.setdefault(m.group(1), {})
+        r[m.group(2)] = (float(m.group(3)), float(m.group(5)))
+        if m.group(4):
+            r["bpe"] = float(m.group(4))
+    print("  scheme+wire  bits/el   encode MB/s (x memcopy)   decode MB/s (x memcopy)")
+    for name, r in rows.items():
+        (em, ex), (dm, dx) = r["encode"], r["decode"]
+        print(f"  {name:11s} {r.get('bpe', float('nan')):7.3f}   {em:9.0f} ({ex:6.4f})       {dm:9.0f} ({dx:6.4f})")
+    print("  (MB/s of the restored cache as BF16; the stage alone, 2 goroutines; x memcopy: the same run's memcopy of\n"
+          "   those bytes, one goroutine, the ratio that holds on a loaded machine)\n")
+
+
 def lossless_table(cli: str, src: Path, tmp: Path, runs: int, memcopy: float) -> None:
     """Each preset with and without the lossless stage, against the order-0 entropy of its codes."""
     print("  preset   bits/el (vs FP16)     +lossless (vs FP16)  saved  codes: entropy  stored -> coded  "
@@ -261,6 +285,8 @@ def main() -> None:
         print("== The lossless stage on the same cache")
         coder_choice(src, max(3, args.go_runs // 4))
         lossless_table(cli, src, tmp, args.go_runs, g["Memcopy"])
+        print("== The wire stage's coder on the same cache")
+        wire_speed(src, max(3, args.go_runs // 4))
 
         # 2. Validation pair: through the bridge, then in-process.
         codec = CLICacheRoundtrip(tmp / "windows", model_name="SmolLM2-135M")

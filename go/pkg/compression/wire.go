@@ -3,6 +3,7 @@ package compression
 import (
 	"encoding/binary"
 	"math"
+	"sync"
 
 	"kvlib/pkg/safetensors"
 )
@@ -50,12 +51,22 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 	}
 	nfull := w.contexts(full)
 	counts := make([]uint32, nfull*A)
-	w.runs(full, 0, len(syms), func(n, c0, step int) {
-		for k, s := range syms[:n] {
-			counts[(c0+step*k)*A+int(s)]++
+	it := w.runIter(full, 0, len(syms))
+	for i := 0; i < len(syms); {
+		n, c0, step := it.next()
+		seg := syms[i : i+n]
+		i += n
+		if step == 0 {
+			cs := counts[c0*A : (c0+1)*A]
+			for _, s := range seg {
+				cs[s]++
+			}
+			continue
 		}
-		syms = syms[n:]
-	})
+		for k, s := range seg {
+			counts[(c0+k)*A+int(s)]++
+		}
+	}
 	var best *wireModel
 	bestBits := math.Inf(1)
 	for mode := 0; mode <= full; mode++ {
@@ -67,7 +78,9 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 		if nctx < 1 || nctx > wireMaxCtx || nctx<<prec > max(w.n, wireTableAllowance) {
 			continue
 		}
-		M := float64(int(1) << prec)
+		lg := wireLog2Table(prec)
+		// log2(tot/k) per context and symbol, which every resolution rounds
+		ideal := make([]float64, nctx*A)
 		cm := make([]uint32, nctx*A)
 		for hc := 0; hc < nfull; hc++ {
 			c := hc
@@ -83,21 +96,30 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 				cm[c*A+s] += counts[hc*A+s]
 			}
 		}
+		for c := 0; c < nctx; c++ {
+			var tot float64
+			for _, k := range cm[c*A : (c+1)*A] {
+				tot += float64(k)
+			}
+			for s, k := range cm[c*A : (c+1)*A] {
+				if k > 0 {
+					ideal[c*A+s] = math.Log2(tot / float64(k))
+				}
+			}
+		}
 		for _, res := range []int{1, 2, 4, 8} {
 			m := &wireModel{bits: w.bits, mode: mode, prec: prec, res: res, chunkLog: wireChunkLog, nctx: nctx,
 				levels: make([]uint8, nctx*A)}
 			maxLevel := wireMaxLevel(res, prec)
 			for c := 0; c < nctx; c++ {
-				var tot float64
-				for _, k := range cm[c*A : (c+1)*A] {
-					tot += float64(k)
-				}
+				used := false
 				for s, k := range cm[c*A : (c+1)*A] {
 					if k > 0 {
-						m.levels[c*A+s] = uint8(min(maxLevel, 1+int(math.Round(float64(res)*math.Log2(tot/float64(k))))))
+						m.levels[c*A+s] = uint8(min(maxLevel, 1+int(math.Round(float64(res)*ideal[c*A+s]))))
+						used = true
 					}
 				}
-				if tot == 0 { // an unused context still needs a symbol
+				if !used { // an unused context still needs a symbol
 					m.levels[c*A] = 1
 				}
 			}
@@ -105,12 +127,12 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 			var bits float64
 			for i, k := range cm {
 				if k > 0 {
-					bits += float64(k) * math.Log2(M/float64(m.fs[i]&0xffff))
+					bits += float64(k) * lg[m.fs[i]&0xffff]
 				}
 			}
 			tb := math.Inf(1)
-			for k := 0; k <= 3; k++ {
-				if t := float64(8 * m.tableSize(k)); t < tb {
+			for k, size := range m.tableSizes() {
+				if t := float64(8 * size); t < tb {
 					tb, m.egk = t, k
 				}
 			}
@@ -119,8 +141,25 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 			}
 		}
 	}
+	best.buildEncode()
 	return best
 }
+
+// wireLog2Tables[p][f] is log2(2^p / f), f = 1..2^p: a frequency's cost in
+// bits at precision p, computed once.
+var wireLog2Tables = sync.OnceValue(func() [][]float64 {
+	t := make([][]float64, 13)
+	for p := range t {
+		M := float64(int(1) << p)
+		t[p] = make([]float64, 1<<p+1)
+		for f := 1; f <= 1<<p; f++ {
+			t[p][f] = math.Log2(M / float64(f))
+		}
+	}
+	return t
+})
+
+func wireLog2Table(prec int) []float64 { return wireLog2Tables()[prec] }
 
 type wirePart struct {
 	index  int // tensor
@@ -128,6 +167,10 @@ type wirePart struct {
 	syms   []uint8
 	model  *wireModel
 	chunks [][]byte
+	// modelBytes is the model's marshal, huffman huffmanEstimate of the
+	// codes: both per part, in parallel.
+	modelBytes []byte
+	huffman    int
 }
 
 // wireStored codes the stored parts of every tensor: the codes of the
@@ -161,6 +204,8 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 		wireUnpack(p.syms, codesOf(p), 0, p.shape.bits)
 		p.model = buildWireModel(p.syms, p.shape)
 		p.chunks = make([][]byte, (p.shape.n-1)>>p.model.chunkLog+1)
+		p.modelBytes = p.model.marshal()
+		p.huffman = huffmanEstimate(codesOf(p))
 		return nil
 	}); err != nil {
 		return nil, nil, nil, err
@@ -171,17 +216,12 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 			jobs = append(jobs, chunkJob{k, c})
 		}
 	}
-	ctxs := make([][]uint16, max(workers, 1))
+	scratch := make([]wireScratch, max(workers, 1))
 	if err := forEach(len(jobs), workers, func(wk, k int) error {
 		p, c := parts[jobs[k].part], jobs[k].chunk
 		lo := c << p.model.chunkLog
 		hi := min(p.shape.n, lo+1<<p.model.chunkLog)
-		if cap(ctxs[wk]) < hi-lo {
-			ctxs[wk] = make([]uint16, hi-lo)
-		}
-		ctx := ctxs[wk][:hi-lo]
-		p.model.contextsOf(ctx, p.shape, lo)
-		p.chunks[c] = p.model.encodeChunk(nil, p.syms[lo:hi], ctx)
+		p.chunks[c] = p.model.encodeChunk(nil, p.syms[lo:hi], p.shape, lo, &scratch[wk])
 		return nil
 	}); err != nil {
 		return nil, nil, nil, err
@@ -190,8 +230,7 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 	wired := make([][]string, len(stored))
 	coded := map[int]*wirePart{}
 	for _, p := range parts {
-		model := p.model.marshal()
-		size := len(model) + 8*len(p.chunks)
+		size := len(p.modelBytes) + 8*len(p.chunks)
 		ok := true
 		for c, b := range p.chunks {
 			size += len(b)
@@ -202,7 +241,7 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 		// The Huffman stage codes bytes: pairs of 4-bit codes, runs of 2-bit
 		// ones, which can beat a context per code where neighbours depend on
 		// each other; keep the wire coder only where it beats that too.
-		if ok && size < p.shape.rawBytes && size < huffmanEstimate(codesOf(p)) {
+		if ok && size < p.shape.rawBytes && size < p.huffman {
 			coded[p.index] = p
 		}
 	}
@@ -223,7 +262,7 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 		if p == nil {
 			continue
 		}
-		model := p.model.marshal()
+		model := p.modelBytes
 		var n int
 		for _, b := range p.chunks {
 			n += len(b)
@@ -336,7 +375,7 @@ func wireInflate(f *safetensors.File, infos []TensorInfo, workers int) (*safeten
 			drop[name+ChunksSuffix], drop[name+WireModelSuffix] = true, true
 		}
 	}
-	scratch := make([][]uint8, max(workers, 1))
+	scratch := make([]wireDecodeScratch, max(workers, 1))
 	err := forEach(len(jobs), workers, func(wk, k int) error {
 		p, c := parts[jobs[k].part], jobs[k].chunk
 		var begin uint64
@@ -345,14 +384,10 @@ func wireInflate(f *safetensors.File, infos []TensorInfo, workers int) (*safeten
 		}
 		lo := c << p.model.chunkLog
 		hi := min(p.shape.n, lo+1<<p.model.chunkLog)
-		if cap(scratch[wk]) < hi-lo {
-			scratch[wk] = make([]uint8, hi-lo)
-		}
-		syms := scratch[wk][:hi-lo]
-		if err := p.model.decodeChunk(syms, p.coded[begin:p.offsets[c]], p.shape, lo); err != nil {
+		b := p.shape.bits
+		if err := p.model.decodeInto(p.raw[lo*b/8:PackedLen(hi, b)], hi-lo, p.coded[begin:p.offsets[c]], p.shape, lo, &scratch[wk]); err != nil {
 			return tensorErrorf(p.tensor, "%w: %s chunk %d: %v", ErrWire, CodesSuffix, c, err)
 		}
-		wirePack(p.raw[lo*p.shape.bits/8:PackedLen(hi, p.shape.bits)], syms, p.shape.bits)
 		return nil
 	})
 	if err != nil {

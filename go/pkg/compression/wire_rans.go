@@ -5,19 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/bits"
+	mathbits "math/bits"
+	"unsafe"
 )
 
 // The wire coder: a static (two-pass) rANS coder over a tensor's
 // quantization codes, with a context per (head, channel) of the code's
 // position, or a coarser one where that codes smaller (wireModel.mode).
 //
-// Why rANS: a static model's decode step is one table lookup, one
-// multiply-add and at most one 16-bit read, with no division and no
-// data-dependent loop (an arithmetic/range decoder needs a division or a
-// search per symbol); four interleaved states break the dependency chain so
-// consecutive symbols decode in parallel in the CPU. Encoding runs
-// backwards and divides, and is the slower side, as the codec's goals allow.
+// Why rANS: a static model's decode step is two table lookups (slot to
+// symbol, symbol to frequency), one multiply-add and at most one 16-bit
+// read, with no division and no data-dependent loop (an arithmetic/range
+// decoder needs a division or a search per symbol); four interleaved states
+// break the dependency chain so consecutive symbols decode in parallel in
+// the CPU. Encoding runs backwards and divides, by a multiply with the
+// frequency's reciprocal (wireEnc).
 //
 // A model (NAME.codes.wire) is
 //
@@ -72,9 +74,9 @@ var wireFrac8 = [8]uint64{1073741824, 984625931, 902905064, 827967314, 759250125
 type wireModel struct {
 	bits, mode, prec, res, chunkLog, egk int
 	nctx                                 int
-	levels                               []uint8  // nctx*A
-	fs                                   []uint32 // nctx*A: freq | start<<16
-	sym                                  []uint8  // nctx*M: the decode table, built by buildDecode
+	levels                               []uint8   // nctx*A
+	fs                                   []uint32  // nctx*A: freq | start<<16
+	enc                                  []wireEnc // nctx*A: the encode table, built by buildEncode
 }
 
 func (m *wireModel) alphabet() int { return 1 << m.bits }
@@ -148,20 +150,30 @@ func (m *wireModel) setLevels() bool {
 	return true
 }
 
-// buildDecode fills the slot-to-symbol table.
-func (m *wireModel) buildDecode() {
+// decodeTable fills the slot-to-symbol table, in buf's memory where it
+// holds it: per context, the symbol whose interval holds each slot (a
+// state's low prec bits), one byte a slot.
+func (m *wireModel) decodeTable(buf []uint8) []uint8 {
 	A, M := m.alphabet(), 1<<m.prec
-	m.sym = make([]uint8, m.nctx*M)
+	if cap(buf) < m.nctx*M {
+		buf = make([]uint8, m.nctx*M)
+	}
+	t := buf[:m.nctx*M]
 	for c := 0; c < m.nctx; c++ {
-		t := m.sym[c*M : (c+1)*M]
 		for s := 0; s < A; s++ {
 			fs := m.fs[c*A+s]
 			f, st := int(fs&0xffff), int(fs>>16)
-			for k := st; k < st+f; k++ {
-				t[k] = uint8(s)
+			if f == 0 {
+				continue
+			}
+			seg := t[c*M+st : c*M+st+f]
+			seg[0] = uint8(s)
+			for k := 1; k < len(seg); k *= 2 {
+				copy(seg[k:], seg[:k])
 			}
 		}
 	}
+	return t
 }
 
 // ---- the model's bytes ----
@@ -200,7 +212,7 @@ func (w *wireBitWriter) flush() []byte {
 	return w.buf
 }
 
-func leadingZeros64(x uint64) int { return bits.LeadingZeros64(x) }
+func leadingZeros64(x uint64) int { return mathbits.LeadingZeros64(x) }
 
 type wireBitReader struct {
 	buf []byte
@@ -277,21 +289,27 @@ func (m *wireModel) tableBytes(k int) []byte {
 	return w.flush()
 }
 
-// tableSize is len(tableBytes(k)), without writing them.
-func (m *wireModel) tableSize(k int) int {
+// tableSizes is len(tableBytes(k)) for k = 0..3, without writing them:
+// an order-k code of u takes 2*bits(u + 2^k) - 1 - k bits.
+func (m *wireModel) tableSizes() [4]int {
 	A := m.alphabet()
-	n := 0
+	var n [4]int
 	for c := 0; c < m.nctx; c++ {
 		for s := 0; s < A; s++ {
 			pred := 0
 			if c > 0 {
 				pred = int(m.levels[(c-1)*A+s])
 			}
-			u := zigzag(int(m.levels[c*A+s])-pred) + 1<<k
-			n += 2*bits.Len64(u) - 1 - k
+			z := zigzag(int(m.levels[c*A+s]) - pred)
+			for k := range n {
+				n[k] += 2*mathbits.Len64(z+1<<k) - 1 - k
+			}
 		}
 	}
-	return (n + 7) / 8
+	for k := range n {
+		n[k] = (n[k] + 7) / 8
+	}
+	return n
 }
 
 // marshal is the model's bytes.
@@ -302,7 +320,7 @@ func (m *wireModel) marshal() []byte {
 
 // parseWireModel reads a model for codes of the given width, whose
 // contexts the caller's shape gives (nctx per mode, wireContexts), checking
-// every field before allocating, and builds its decode tables.
+// every field before allocating; the decoder's table is decodeTable's.
 func parseWireModel(b []byte, bits int, nctx func(mode int) int, ncodes int) (*wireModel, error) {
 	if len(b) < wireHeaderSize {
 		return nil, fmt.Errorf("model of %d bytes, want at least %d", len(b), wireHeaderSize)
@@ -367,7 +385,6 @@ func parseWireModel(b []byte, bits int, nctx func(mode int) int, ncodes int) (*w
 	if !m.setLevels() {
 		return nil, errors.New("a context holds no symbol")
 	}
-	m.buildDecode()
 	return m, nil
 }
 
@@ -405,40 +422,27 @@ func (w wireShape) contexts(mode int) int {
 	return w.h * w.d
 }
 
-// runs calls fn for consecutive runs of [lo, hi) whose contexts are
-// c0, c0+step, ..., step 0 or 1.
-func (w wireShape) runs(mode, lo, hi int, fn func(n, c0, step int)) {
+// run is the run of positions from i (below hi) whose contexts are c0,
+// c0+step, ..., step 0 or 1: its length n >= 1 (i < hi).
+func (w wireShape) run(mode, i, hi int) (n, c0, step int) {
 	if !w.fourD || mode == 0 || w.h == 0 || w.d == 0 || w.tq == 0 {
-		if hi > lo {
-			fn(hi-lo, 0, 0)
-		}
-		return
+		return hi - i, 0, 0
 	}
-	for i := lo; i < hi; {
-		if w.channel {
-			row := i / w.tq
-			n := min(hi, (row+1)*w.tq) - i
-			hc := row % (w.h * w.d)
-			fn(n, [4]int{0, hc / w.d, hc % w.d, hc}[mode], 0)
-			i += n
-			continue
-		}
-		head := i / w.perHeadRun % w.h
-		if mode == 1 {
-			n := min(hi, (i/w.perHeadRun+1)*w.perHeadRun) - i
-			fn(n, head, 0)
-			i += n
-			continue
-		}
-		c := i % w.d
-		n := min(hi, i-c+w.d) - i
-		if mode == 2 {
-			fn(n, c, 1)
-		} else {
-			fn(n, head*w.d+c, 1)
-		}
-		i += n
+	if w.channel {
+		row := i / w.tq
+		hc := row % (w.h * w.d)
+		return min(hi, (row+1)*w.tq) - i, [4]int{0, hc / w.d, hc % w.d, hc}[mode], 0
 	}
+	head := i / w.perHeadRun % w.h
+	if mode == 1 {
+		return min(hi, (i/w.perHeadRun+1)*w.perHeadRun) - i, head, 0
+	}
+	c := i % w.d
+	n = min(hi, i-c+w.d) - i
+	if mode == 2 {
+		return n, c, 1
+	}
+	return n, head*w.d + c, 1
 }
 
 // ---- unpack and pack codes ----
@@ -479,28 +483,25 @@ func wirePack(dst []byte, src []uint8, bits int) {
 	case 8:
 		copy(dst, src)
 		return
-	case 4:
-		for i := 0; i+1 < len(src); i += 2 {
-			dst[i/2] = src[i] | src[i+1]<<4
-		}
-		if len(src)&1 == 1 {
-			dst[len(src)/2] = src[len(src)-1]
-		}
-		return
-	case 2:
-		n := len(src) &^ 3
-		for i := 0; i < n; i += 4 {
-			dst[i/4] = src[i] | src[i+1]<<2 | src[i+2]<<4 | src[i+3]<<6
-		}
-		if n < len(src) {
-			var b byte
-			for k, s := range src[n:] {
-				b |= s << (2 * k)
-			}
-			dst[n/4] = b
+	case 4, 2: // Pack's kernels (AVX2 where there is), on the same bytes as int8 codes
+		if len(src) > 0 {
+			Pack(dst, unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(src))), len(src)), bits)
 		}
 		return
 	}
+	// Eight codes are bits whole bytes: a group at a time, then the rest.
+	b := bits & 7
+	n8 := len(src) &^ 7
+	for i := 0; i < n8; i += 8 {
+		g := src[i : i+8 : i+8]
+		v := uint64(g[0]) | uint64(g[1])<<b | uint64(g[2])<<(2*b) | uint64(g[3])<<(3*b) |
+			uint64(g[4])<<(4*b) | uint64(g[5])<<(5*b) | uint64(g[6])<<(6*b) | uint64(g[7])<<(7*b)
+		o := dst[i/8*bits : i/8*bits+bits]
+		for k := range o {
+			o[k] = byte(v >> (8 * k))
+		}
+	}
+	src, dst = src[n8:], dst[n8/8*bits:]
 	var acc uint64
 	var nacc uint
 	j := 0
@@ -521,95 +522,369 @@ func wirePack(dst []byte, src []uint8, bits int) {
 
 // ---- the chunk coder ----
 
-// encodeChunk codes symbols [lo, lo+len(syms)) and appends the stream to out.
-func (m *wireModel) encodeChunk(out []byte, syms []uint8, ctx []uint16) []byte {
-	x := [wireStates]uint32{wireL, wireL, wireL, wireL}
-	words := make([]uint16, 0, len(syms)/4+8)
-	bits, shift := uint(m.bits), uint(32-m.prec)
-	prec := uint(m.prec)
-	for i := len(syms) - 1; i >= 0; i-- {
-		fs := m.fs[int(ctx[i])<<bits|int(syms[i])]
+// wireEnc is one (context, symbol)'s encoder entry: a state x at or above
+// xmax is renormalized first, then x becomes x + bias + q*cmpl with
+// q = floor(x/freq) = the high word of x*rcp, rcp = floor(2^64/freq)+1
+// (exact for x < 2^32, since x*(rcp - 2^64/freq)/2^64 < 2^-32 < 1/freq).
+// A frequency 1 takes rcp = 2^64-1, so q = x-1, with bias and cmpl set to
+// give x*M + start all the same (ryg_rans's trick).
+type wireEnc struct {
+	rcp        uint64
+	xmax       uint64
+	bias, cmpl uint32
+}
+
+// buildEncode fills the encoder's table from fs.
+func (m *wireModel) buildEncode() {
+	M := uint32(1) << m.prec
+	m.enc = make([]wireEnc, len(m.fs))
+	for i, fs := range m.fs {
 		f, st := fs&0xffff, fs>>16
-		s := x[i&3]
-		if uint64(s) >= uint64(f)<<shift { // f may be M: 2^32 does not fit a uint32
-			words = append(words, uint16(s))
-			s >>= 16
+		e := wireEnc{xmax: uint64(f) << (32 - m.prec), bias: st, cmpl: M - f}
+		switch f {
+		case 0: // an absent symbol: never coded
+		case 1:
+			e.rcp, e.bias, e.cmpl = math.MaxUint64, st+M-1, M-1
+		default:
+			e.rcp = math.MaxUint64/uint64(f) + 1
 		}
-		x[i&3] = (s/f)<<prec + s%f + st
+		m.enc[i] = e
 	}
-	for _, s := range x {
-		out = binary.LittleEndian.AppendUint32(out, s)
-	}
-	for k := len(words) - 1; k >= 0; k-- {
-		out = binary.LittleEndian.AppendUint16(out, words[k])
-	}
-	return out
 }
 
-// contextsOf fills ctx with the contexts of positions [lo, lo+len(ctx)).
-func (m *wireModel) contextsOf(ctx []uint16, w wireShape, lo int) {
-	w.runs(m.mode, lo, lo+len(ctx), func(n, c0, step int) {
-		for k := 0; k < n; k++ {
-			ctx[k] = uint16(c0 + step*k)
+// wireRun is a run of a chunk's positions from start, n long, of contexts
+// c0, c0+step, ...
+type wireRun struct{ start, n, c0, step int }
+
+// encodeChunk codes the symbols of positions [lo, lo+len(syms)), shape w,
+// and appends the stream to out. scratch is reused across calls.
+func (m *wireModel) encodeChunk(out []byte, syms []uint8, w wireShape, lo int, scratch *wireScratch) []byte {
+	if scratch == nil {
+		scratch = &wireScratch{}
+	}
+	n := len(syms)
+	runs := scratch.runs[:0]
+	it := w.runIter(m.mode, lo, lo+n)
+	for i := 0; i < n; {
+		rn, c0, step := it.next()
+		runs = append(runs, wireRun{i, rn, c0, step})
+		i += rn
+	}
+	scratch.runs = runs
+	if cap(scratch.buf) < 2*n+4*wireStates {
+		scratch.buf = make([]byte, 2*n+4*wireStates)
+	}
+	buf := scratch.buf[:2*n+4*wireStates]
+	wp := len(buf) // the words go backwards from the end
+	enc := m.enc
+	bits := uint(m.bits)
+	// t0 is the state of the next symbol to code (position i, state i mod
+	// 4), t1 that of i-1, and so on: a group of four codes i..i-3 with
+	// t0..t3, a single symbol rotates them.
+	t0, t1, t2, t3 := uint32(wireL), uint32(wireL), uint32(wireL), uint32(wireL)
+	for r := len(runs) - 1; r >= 0; r-- {
+		run := runs[r]
+		ss := syms[run.start : run.start+run.n]
+		k := run.n - 1
+		if useSIMD && k >= 3 {
+			// the groups' entries lie in enc: rows c0 + step*k down to c0
+			a := wireEncArgs{enc: &enc[(run.c0+run.step*k)<<bits], syms: &ss[k], buf: &buf[0], wp: wp,
+				groups: run.n / 4, step: 24 * run.step << bits, t: [4]uint32{t0, t1, t2, t3}}
+			wireEncodeAMD64(&a)
+			t0, t1, t2, t3, wp = a.t[0], a.t[1], a.t[2], a.t[3], a.wp
+			k -= 4 * (run.n / 4)
 		}
-		ctx = ctx[n:]
-	})
+		for ; k >= 3; k -= 4 {
+			c := run.c0 + run.step*k
+			e0 := &enc[c<<bits|int(ss[k])]
+			c -= run.step
+			e1 := &enc[c<<bits|int(ss[k-1])]
+			c -= run.step
+			e2 := &enc[c<<bits|int(ss[k-2])]
+			c -= run.step
+			e3 := &enc[c<<bits|int(ss[k-3])]
+			t0, wp = wireEmit(t0, e0.xmax, buf, wp)
+			t1, wp = wireEmit(t1, e1.xmax, buf, wp)
+			t2, wp = wireEmit(t2, e2.xmax, buf, wp)
+			t3, wp = wireEmit(t3, e3.xmax, buf, wp)
+			q0, _ := mathbits.Mul64(uint64(t0), e0.rcp)
+			q1, _ := mathbits.Mul64(uint64(t1), e1.rcp)
+			q2, _ := mathbits.Mul64(uint64(t2), e2.rcp)
+			q3, _ := mathbits.Mul64(uint64(t3), e3.rcp)
+			t0 += e0.bias + uint32(q0)*e0.cmpl
+			t1 += e1.bias + uint32(q1)*e1.cmpl
+			t2 += e2.bias + uint32(q2)*e2.cmpl
+			t3 += e3.bias + uint32(q3)*e3.cmpl
+		}
+		for ; k >= 0; k-- {
+			e := &enc[(run.c0+run.step*k)<<bits|int(ss[k])]
+			x := t0
+			if uint64(x) >= e.xmax {
+				wp -= 2
+				binary.LittleEndian.PutUint16(buf[wp:], uint16(x))
+				x >>= 16
+			}
+			q, _ := mathbits.Mul64(uint64(x), e.rcp)
+			x += e.bias + uint32(q)*e.cmpl
+			t0, t1, t2, t3 = t1, t2, t3, x
+		}
+	}
+	// After position 0, t0 is the state of position -1 (state 3), t3 of position 0 (state 0).
+	wp -= 4 * wireStates
+	binary.LittleEndian.PutUint32(buf[wp:], t3)
+	binary.LittleEndian.PutUint32(buf[wp+4:], t2)
+	binary.LittleEndian.PutUint32(buf[wp+8:], t1)
+	binary.LittleEndian.PutUint32(buf[wp+12:], t0)
+	return append(out, buf[wp:]...)
 }
 
-// decodeChunk decodes len(dst) symbols, positions from lo, from src.
+// wireScratch is a worker's reusable memory for encodeChunk.
+type wireScratch struct {
+	runs []wireRun
+	buf  []byte
+}
+
+// decodeChunk decodes len(dst) symbols, positions from lo, from src, one a
+// byte.
 func (m *wireModel) decodeChunk(dst []uint8, src []byte, w wireShape, lo int) error {
+	return m.decodeSyms(m.decodeTable(nil), dst, src, w, lo)
+}
+
+// wireDecodeScratch is a decoding worker's memory: the decode table of the
+// model it last decoded with, and room for a chunk's symbols.
+type wireDecodeScratch struct {
+	model *wireModel
+	sym   []uint8
+	syms  []uint8
+}
+
+// decodeInto decodes n symbols, positions from lo, from src into dst as
+// packed b-bit codes (dst holds PackedLen(n, b) bytes). It builds the
+// decode table in the scratch when the last chunk there was another
+// model's: the table then is warm in the cache for the chunks that follow.
+func (m *wireModel) decodeInto(dst []byte, n int, src []byte, w wireShape, lo int, scratch *wireDecodeScratch) error {
+	if scratch.model != m {
+		scratch.sym, scratch.model = m.decodeTable(scratch.sym), m
+	}
+	if cap(scratch.syms) < n {
+		scratch.syms = make([]uint8, n)
+	}
+	syms := scratch.syms[:n]
+	if err := m.decodeSyms(scratch.sym, syms, src, w, lo); err != nil {
+		return err
+	}
+	wirePack(dst, syms, m.bits)
+	return nil
+}
+
+// wireRunIter walks the runs of wireShape.run from lo to hi without a
+// division a run.
+type wireRunIter struct {
+	w            wireShape
+	mode, i, hi  int
+	head, ch, in int // token-axis modes 2 and 3: the head, the channel, positions left in the head
+}
+
+func (w wireShape) runIter(mode, lo, hi int) wireRunIter {
+	it := wireRunIter{w: w, mode: mode, i: lo, hi: hi}
+	if w.fourD && !w.channel && (mode == 2 || mode == 3) && w.d > 0 && w.tq > 0 && w.h > 0 {
+		it.head, it.ch, it.in = lo/w.perHeadRun%w.h, lo%w.d, w.perHeadRun-lo%w.perHeadRun
+	}
+	return it
+}
+
+// next is the run at the iterator's position (which must be below hi).
+func (it *wireRunIter) next() (n, c0, step int) {
+	w := it.w
+	if it.in == 0 {
+		n, c0, step = w.run(it.mode, it.i, it.hi)
+		it.i += n
+		return n, c0, step
+	}
+	n = min(it.hi-it.i, w.d-it.ch)
+	c0 = it.ch
+	if it.mode == 3 {
+		c0 += it.head * w.d
+	}
+	it.i += n
+	it.ch += n
+	it.in -= n
+	if it.ch == w.d {
+		it.ch = 0
+	}
+	if it.in == 0 {
+		it.in = w.perHeadRun
+		if it.head++; it.head == w.h {
+			it.head = 0
+		}
+	}
+	return n, c0, 1
+}
+
+// decodeSyms decodes len(dst) symbols, positions from lo of shape w, from
+// src, with the table of decodeTable. The four states live in registers,
+// s0 that of the next symbol: a group of four decodes with s0..s3
+// (wireDecodeGroups), a single symbol rotates them; the 16-bit words are read in
+// symbol order.
+func (m *wireModel) decodeSyms(sym, dst []uint8, src []byte, w wireShape, lo int) error {
 	if len(src) < 4*wireStates || len(src)&1 != 0 {
 		return fmt.Errorf("stream of %d bytes: want the 16 bytes of states and whole 16-bit words", len(src))
 	}
-	var x0, x1, x2, x3 uint32
-	x0 = binary.LittleEndian.Uint32(src)
-	x1 = binary.LittleEndian.Uint32(src[4:])
-	x2 = binary.LittleEndian.Uint32(src[8:])
-	x3 = binary.LittleEndian.Uint32(src[12:])
+	s0 := binary.LittleEndian.Uint32(src)
+	s1 := binary.LittleEndian.Uint32(src[4:])
+	s2 := binary.LittleEndian.Uint32(src[8:])
+	s3 := binary.LittleEndian.Uint32(src[12:])
 	words := src[16:]
 	p := 0
-	prec, bits := uint(m.prec), uint(m.bits)
+	prec := uint(m.prec) & 31
+	bits := uint(m.bits) & 31
 	mask := uint32(1)<<prec - 1
-	sym, fsTab := m.sym, m.fs
-	pos := 0 // symbols decoded
-	short := false
-	xs := [wireStates]uint32{x0, x1, x2, x3}
-	w.runs(m.mode, lo, lo+len(dst), func(n, c0, step int) {
-		if short {
-			return
-		}
-		out := dst[pos : pos+n]
-		for k := range out {
-			j := (pos + k) & 3
-			x := xs[j]
-			c := c0 + step*k
-			slot := x & mask
-			s := sym[c<<prec|int(slot)]
-			fs := fsTab[c<<bits|int(s)]
-			x = (fs&0xffff)*(x>>prec) + slot - fs>>16
+	n := len(dst)
+	it := w.runIter(m.mode, lo, lo+n)
+	for i := 0; i < n; {
+		rn, c0, step := it.next()
+		out := dst[i : i+rn]
+		i += rn
+		row, rstep := c0<<prec, step<<prec
+		frow, fstep := c0<<bits, step<<bits
+		var k int
+		s0, s1, s2, s3, p, row, frow, k = wireDecodeGroups(sym, m.fs, out, words, p, s0, s1, s2, s3, row, rstep, frow, fstep, 1<<bits, prec)
+		for ; k < len(out); k++ {
+			l := s0 & mask
+			a := sym[row+int(l)]
+			e := m.fs[frow+int(a)]
+			row, frow = row+rstep, frow+fstep
+			x := (e&0xffff)*(s0>>prec) + l - e>>16
 			if x < wireL {
 				if p+2 > len(words) {
-					short = true
-					return
+					return errors.New("stream ends before its symbols")
 				}
 				x = x<<16 | uint32(words[p]) | uint32(words[p+1])<<8
 				p += 2
 			}
-			xs[j], out[k] = x, s
+			s0, s1, s2, s3 = s1, s2, s3, x
+			out[k] = a
 		}
-		pos += n
-	})
-	x0, x1, x2, x3 = xs[0], xs[1], xs[2], xs[3]
-	var err error
+	}
 	switch {
-	case err != nil:
-		return err
-	case short:
-		return errors.New("stream ends before its symbols")
 	case p != len(words):
 		return fmt.Errorf("%d bytes left after the symbols", len(words)-p)
-	case x0 != wireL || x1 != wireL || x2 != wireL || x3 != wireL:
+	case s0 != wireL || s1 != wireL || s2 != wireL || s3 != wireL:
 		return errors.New("stream does not decode to its initial state")
 	}
 	return nil
+}
+
+// wireDecodeGroups is decodeSyms's loop over groups of four: from the start of out,
+// while a whole group and its (at most four) words remain, it decodes with
+// the four states in registers and returns them, the next word, the next
+// rows and the symbols decoded. It checks once, before the loop, that every
+// row the groups can read lies in sym and fs, and at each group's start
+// that its 8 bytes of words and 4 symbols lie in words and out; in between
+// it indexes without bounds checks, which in Go's code for this loop cost
+// the registers the states need.
+func wireDecodeGroups(sym []uint8, fs []uint32, out []uint8, words []byte, p int, s0, s1, s2, s3 uint32, row, rstep, frow, fstep, alpha int, prec uint) (uint32, uint32, uint32, uint32, int, int, int, int) {
+	prec &= 31
+	n4 := len(out) &^ 3
+	if n4 == 0 || p+8 > len(words) || row+(n4-1)*rstep+1<<prec > len(sym) || frow+(n4-1)*fstep+alpha > len(fs) || row < 0 || rstep < 0 || frow < 0 || fstep < 0 {
+		return s0, s1, s2, s3, p, row, frow, 0
+	}
+	if useSIMD {
+		a := wireGroupArgs{sym: &sym[row], fs: &fs[frow], out: &out[0], words: &words[p], n4: n4,
+			last: len(words) - 8 - p, rstep: rstep, fstep: fstep, prec: uint64(prec), s: [4]uint32{s0, s1, s2, s3}}
+		wireGroupsAMD64(&a)
+		return a.s[0], a.s[1], a.s[2], a.s[3], p + a.used, row + a.k*rstep, frow + a.k*fstep, a.k
+	}
+	mask := uint32(1)<<prec - 1
+	sb := unsafe.Pointer(unsafe.SliceData(sym))
+	fb := unsafe.Pointer(unsafe.SliceData(fs))
+	ob := unsafe.Pointer(unsafe.SliceData(out))
+	wlast := len(words) - 8
+	k := 0
+	for ; k < n4 && p <= wlast; k += 4 {
+		l0, l1, l2, l3 := s0&mask, s1&mask, s2&mask, s3&mask
+		a0 := *(*uint8)(unsafe.Add(sb, row+int(l0)))
+		a1 := *(*uint8)(unsafe.Add(sb, row+rstep+int(l1)))
+		a2 := *(*uint8)(unsafe.Add(sb, row+2*rstep+int(l2)))
+		a3 := *(*uint8)(unsafe.Add(sb, row+3*rstep+int(l3)))
+		e0 := *(*uint32)(unsafe.Add(fb, 4*(frow+int(a0))))
+		e1 := *(*uint32)(unsafe.Add(fb, 4*(frow+fstep+int(a1))))
+		e2 := *(*uint32)(unsafe.Add(fb, 4*(frow+2*fstep+int(a2))))
+		e3 := *(*uint32)(unsafe.Add(fb, 4*(frow+3*fstep+int(a3))))
+		row += 4 * rstep
+		frow += 4 * fstep
+		s0 = (e0&0xffff)*(s0>>prec) + l0 - e0>>16
+		s1 = (e1&0xffff)*(s1>>prec) + l1 - e1>>16
+		s2 = (e2&0xffff)*(s2>>prec) + l2 - e2>>16
+		s3 = (e3&0xffff)*(s3>>prec) + l3 - e3>>16
+		*(*uint8)(unsafe.Add(ob, k)) = a0
+		*(*uint8)(unsafe.Add(ob, k+1)) = a1
+		*(*uint8)(unsafe.Add(ob, k+2)) = a2
+		*(*uint8)(unsafe.Add(ob, k+3)) = a3
+		// The group's words are among the next 8 bytes, read at once; which
+		// state takes which follows from the renormalization flags alone, so
+		// the states' chains do not wait on one another's reads.
+		ws := binary.LittleEndian.Uint64(words[p : p+8])
+		n0, n1, n2, n3 := wireLow(s0), wireLow(s1), wireLow(s2), wireLow(s3)
+		c1 := n0
+		c2 := c1 + n1
+		c3 := c2 + n2
+		s0 = s0<<(16*n0&31) | uint32(ws)&0xffff&-n0
+		s1 = s1<<(16*n1&31) | uint32(ws>>(16*c1&63))&0xffff&-n1
+		s2 = s2<<(16*n2&31) | uint32(ws>>(16*c2&63))&0xffff&-n2
+		s3 = s3<<(16*n3&31) | uint32(ws>>(16*c3&63))&0xffff&-n3
+		p += 2 * int(c3+n3)
+	}
+	return s0, s1, s2, s3, p, row, frow, k
+}
+
+// wireEmit is the encoder's renormalization without a branch: x's low 16
+// bits go to buf[wp-2:wp] (free space below the words written so far) and
+// count, and x shifts down, if x >= xmax.
+func wireEmit(x uint32, xmax uint64, buf []byte, wp int) (uint32, int) {
+	binary.LittleEndian.PutUint16(buf[wp-2:], uint16(x))
+	var n uint
+	if uint64(x) >= xmax {
+		n = 1
+	}
+	return x >> (16 * n & 31), wp - 2*int(n)
+}
+
+// wireLow is 1 if a state x is below wireL (it takes a word), else 0.
+func wireLow(x uint32) uint32 {
+	if x < wireL {
+		return 1
+	}
+	return 0
+}
+
+// wireGroupArgs are wireGroupsAMD64's arguments and results: the table
+// rows, symbols and words where the groups start, how many symbols and
+// bytes of words they may take (a group starts while at most last bytes
+// are read), the steps and the states; k and used come back.
+type wireGroupArgs struct {
+	sym          *uint8
+	fs           *uint32
+	out          *uint8
+	words        *byte
+	n4, last     int
+	rstep, fstep int
+	prec         uint64
+	s            [4]uint32
+	k, used      int
+}
+
+// wireEncArgs are wireEncodeAMD64's arguments: the encoder entries of the
+// first symbol's context (the last position of the groups), that symbol,
+// the words' buffer and offset (which comes back), how many groups, the
+// bytes a symbol steps back in the entries, and the states (which come
+// back).
+type wireEncArgs struct {
+	enc    *wireEnc
+	syms   *uint8
+	buf    *byte
+	wp     int
+	groups int
+	step   int
+	t      [4]uint32
 }
