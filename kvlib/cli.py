@@ -25,7 +25,8 @@ from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
 from kvlib.gates import MIN_CI_UNITS
 from kvlib.runs.sweep import default_schemes, engine_mode, engine_schemes, run_sweep, write_json
-from kvlib.runs.knobs import cheapest_setting, print_search
+from kvlib.runs.knobs import (boundary_check, cheapest_setting, format_sensitivity, make_knob,
+                              print_boundary_check, print_search)
 from kvlib.runs.ruler import print_ruler, run_ruler_suite
 from kvlib.checks.ruler.run import ALL_TASKS, RulerConfig
 from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
@@ -60,7 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "prefix): the cheapest option that passes")
     p.add_argument("--knobs", action="store_true",
                    help="with --engine: validate the settings of the engine's own knobs (llama.cpp: every -ctk/-ctv "
-                   "pair) in write mode, fewest bits first, and print the flags of the cheapest that passes robustly")
+                   "pair; vllm: the layers --kv-cache-dtype-skip-layers skips under --knob-format) in write mode, "
+                   "fewest bits first, and print the flags of the cheapest that passes robustly")
+    p.add_argument("--knob-format", default=None, metavar="FORMAT",
+                   help="with --engine vllm --knobs: the --kv-cache-dtype (fp8, nvfp4, int4_per_token_head, "
+                   "turboquant_3bit_nc...; kv-compress schemes -engine vllm) whose fewest skipped layers are searched, "
+                   "the layers ranked by their measured sensitivity (--calibration sets its windows)")
+    p.add_argument("--boundary-check", action="store_true",
+                   help="with --knob-format TURBOQUANT_PRESET: also check the preset's fixed rule (the first and last "
+                   "two layers skipped) against the measured ranking of every layer")
     p.add_argument("--calibrated-scales", action="store_true",
                    help="validate each static-scale engine format (vllm:fp8...) also with scales calibrated per layer on "
                    "the calibration windows (SCHEME@calibrated), beside scale 1 (on with --engine)")
@@ -158,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         print(zoo.format_models(zoo.list_models()))
         return 0
     try:
+        if (args.knob_format or args.boundary_check) and not args.knobs:
+            raise ValueError("--knob-format and --boundary-check go with --engine vllm --knobs")
         if args.knobs:
             return search_knobs(args)
         specs = list(args.scheme or [])
@@ -231,9 +242,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def search_knobs(args: argparse.Namespace) -> int:
-    """--engine E --knobs: the cheapest setting of E's knobs that passes robustly, in write mode."""
+    """--engine E --knobs: the cheapest setting of E's knobs that passes robustly, in write mode
+    (vllm: --knob-format X, the fewest layers skipped; --boundary-check: TurboQuant's fixed rule)."""
     if not args.engine or args.quick_test:
         raise ValueError("--knobs needs --engine (whose knobs) and a model (not --quick-test)")
+    calibration = CalibrationConfig.from_string(args.calibration)
+
+    def measure(spec_for: Any) -> Any:
+        return format_sensitivity(spec_for, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
+                                  dtype=args.dtype, stride=args.stride, max_windows=args.max_windows,
+                                  context_length=args.context_length, results=args.results, fresh=args.fresh,
+                                  calibration=calibration, verbose=not args.quiet)
+
+    knob = make_knob(args.engine, args.knob_format, measure)  # an unknown engine or format fails here
+    if args.boundary_check and not getattr(knob, "boundary", 0):
+        raise ValueError(f"--boundary-check: {args.knob_format} has no fixed rule (TurboQuant presets only)")
     if args.max_windows is not None and args.max_windows < MIN_CI_UNITS:
         raise ValueError(f"--knobs stops at the first robust pass, which needs a CI: give --max-windows "
                          f"{MIN_CI_UNITS} or more")
@@ -247,10 +270,16 @@ def search_knobs(args: argparse.Namespace) -> int:
                          context_length=args.context_length, peers=False, verbose=False, results=args.results,
                          fresh=args.fresh, ray=args.ray, mode="write")
 
-    found = cheapest_setting(args.engine, sweep, say=(lambda *a, **k: None) if args.quiet else print)
+    say = (lambda *a, **k: None) if args.quiet else print
+    found = cheapest_setting(args.engine, sweep, say=say, knob=knob)
     print_search(found)
+    out = found.to_dict()
+    if args.boundary_check:
+        check = boundary_check(knob, sweep, say=say, searched=found)
+        print_boundary_check(check)
+        out["boundary_check"] = check.to_dict()
     if args.json:
-        write_json(found.to_dict(), args.json)
+        write_json(out, args.json)
     return 0 if found.cheapest else 1
 
 

@@ -1,5 +1,6 @@
 """The search over an engine's knobs: every llama.cpp -ctk/-ctv pair, fewest bits first, stopping at the
-first level with a robust pass (a sweep stand-in decides the verdicts)."""
+first level with a robust pass (a sweep stand-in decides the verdicts); vLLM's skipped layers under one
+format, ranked by the sensitivity pass; TurboQuant's fixed rule against the measurement."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvlib.codec.spec import resolve_codec
-from kvlib.runs.knobs import LlamaCppTypes, cheapest_setting, levels
+from kvlib.runs.knobs import (LlamaCppTypes, MeasuredSkips, VllmSkipLayers, boundary_check, cheapest_setting,
+                              layer_damage, levels, print_boundary_check)
 
 
 def test_llamacpp_settings_are_every_pair_in_order_of_bits():
@@ -46,7 +48,9 @@ def test_search_stops_at_the_first_level_with_a_robust_pass():
 
 
 def test_search_names_the_engines_it_knows():
-    with pytest.raises(ValueError, match="knob search knows llama.cpp"):
+    with pytest.raises(ValueError, match="knob search knows llama.cpp, vllm"):
+        cheapest_setting("sglang", lambda specs: None)
+    with pytest.raises(ValueError, match="vllm's knob needs a format"):
         cheapest_setting("vllm", lambda specs: None)
 
 
@@ -81,3 +85,215 @@ def test_cli_runs_the_search_in_write_mode_and_prints_the_flags(tiny_dir, tmp_pa
     assert not d["rows"][0]["robust"] and d["cheapest"]["flags"] == "-ctk f16 -ctv f16"
     assert "cheapest that passes robustly: -ctk f16 -ctv f16" in capsys.readouterr().out
     assert main(argv[:-6] + ["--max-windows", "3", "--knobs"]) == 2  # no CI below 5 windows: refused up front
+
+
+# vLLM: --kv-cache-dtype X --kv-cache-dtype-skip-layers ...
+
+def _table(damage_k, damage_v=None):
+    """A sensitivity table's shape (kl[layer][role][candidate]) with one candidate."""
+    damage_v = damage_v or [0.0] * len(damage_k)
+    return SimpleNamespace(kl=[[[k], [v]] for k, v in zip(damage_k, damage_v)])
+
+
+def _knob(fmt, damage_k, damage_v=None, per_sweep=None):
+    asked = []
+
+    def measure(spec_for):
+        asked.append(spec_for(len(damage_k)))
+        return _table(damage_k, damage_v)
+
+    return VllmSkipLayers(fmt, measure, per_sweep), asked
+
+
+def test_vllm_settings_skip_the_measured_worst_layers_first():
+    # layer 2 damages most (its K and V added), then 4, then 0; ties go to the lower layer
+    knob, asked = _knob("fp8", [0.3, 0.1, 0.2, 0.0, 0.5, 0.1], [0.0, 0.0, 0.5, 0.0, 0.0, 0.0])
+    s = knob.settings()
+    assert asked == ["vllm:fp8"]  # measured once, the format on every layer
+    assert knob.ranking() == [2, 4, 0, 1, 5, 3] and knob.rule() == []
+    assert [x.skipped for x in s[:4]] == [(), (2,), (2, 4), (0, 2, 4)] and len(s) == 7
+    assert [x.flags for x in s[:3]] == ["--kv-cache-dtype fp8", "--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 2",
+                                         "--kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 2 4"]
+    assert [x.bits for x in s] == pytest.approx([(8 * (6 - k) + 16 * k) / 6 for k in range(7)])
+    assert s[0].spec == "vllm:fp8" and s[2].spec == "vllm:fp8,kv2=none,kv4=none"
+    assert resolve_codec(s[3].spec) == resolve_codec("vllm:fp8,kv0=none,kv2=none,kv4=none")
+    assert resolve_codec(s[-1].spec).spec == resolve_codec("vllm:fp8,kv0-5=none").spec
+    # docs/engines.md: --kv-cache-dtype-skip-layers 0 1 is vllm:fp8,kv0-1=none
+    assert knob.spec([1, 0]) == "vllm:fp8,kv0-1=none" and knob.flags([1, 0]).endswith("-skip-layers 0 1")
+    nv, _ = _knob("vllm:nvfp4", [0.0] * 4)  # by the kv-compress name too
+    assert nv.settings()[1].bits == pytest.approx((3 * 4.5 + 16) / 4) and nv.flag == "--kv-cache-dtype nvfp4"
+    with pytest.raises(ValueError, match="vllm format 'fp9': choose one of fp8, "):
+        VllmSkipLayers("fp9", lambda spec_for: None)
+
+
+def test_turboquant_settings_add_to_the_boundary_rule_and_are_measured_on_every_layer():
+    knob, asked = _knob("turboquant_3bit_nc", [0.9, 0.1, 0.2, 0.6, 0.3, 0.0, 0.4, 0.5])
+    assert knob.rule() == [0, 1, 6, 7] and knob.ranking() == [3, 4, 2, 5]
+    assert asked == ["none,k0-7=vllm:turboquant_k3_nc,v0-7=vllm:turboquant_v3"]  # boundary layers priced too
+    s = knob.settings()
+    assert len(s) == 5 and s[0].spec == "vllm:turboquant_3bit_nc" and s[0].skipped == (0, 1, 6, 7)
+    assert s[0].flags == "--kv-cache-dtype turboquant_3bit_nc" and s[0].bits == pytest.approx((4 * 3.1875 + 4 * 16) / 8)
+    assert s[1].flags == "--kv-cache-dtype turboquant_3bit_nc --kv-cache-dtype-skip-layers 3"
+    assert resolve_codec(s[1].spec).layers == resolve_codec("vllm:turboquant_3bit_nc,kv3=none").layers
+    m = MeasuredSkips(knob).settings()  # every layer, the rule set aside: 0 is the worst
+    assert [x.skipped for x in m[:3]] == [(), (0,), (0, 3)] and len(m) == 9
+    assert m[0].spec == "none,k0-7=vllm:turboquant_k3_nc,v0-7=vllm:turboquant_v3"
+    assert m[2].spec == "none,k1-2=vllm:turboquant_k3_nc,k4-7=vllm:turboquant_k3_nc,v1-2=vllm:turboquant_v3,v4-7=vllm:turboquant_v3"
+    assert m[2].flags == "(not a vLLM setting) skip 0 3" and m[0].flags == "(not a vLLM setting) skip none"
+    for x in m + s:
+        resolve_codec(x.spec)  # every setting is a spec kv-compress takes
+    rule = MeasuredSkips(knob).setting([7, 6, 1, 0])  # a skip set holding the rule is vLLM's own setting
+    assert rule == s[0]
+
+
+def _skipped(spec, n):
+    """The layers a spec leaves exact (what the fake sweep judges by)."""
+    c = resolve_codec(spec)
+    over = {(o.layer, o.role): o.scheme.method for o in c.layers}
+    rule = set(range(2)) | set(range(n - 2, n)) if c.key.method.startswith("vllm:turboquant") else set()
+    return {i for i in range(n) if over.get((i, "key"), "none" if i in rule or c.key.method == "none" else "q") == "none"}
+
+
+def _sweep(n, needs, ran):
+    def sweep(specs):
+        ran.append(list(specs))
+        rows = []
+        for spec in specs:
+            ok = needs <= _skipped(spec, n)
+            d = 0.1 if ok else 0.9
+            rows.append(SimpleNamespace(name=resolve_codec(spec).name, bits_per_element=4.0, context_delta=d,
+                                        ci_low=d - 0.1, ci_high=d + 0.1, kld_mean=0.01, robust=ok, passed=ok))
+        return SimpleNamespace(mode="write", schemes=rows)
+    return sweep
+
+
+def test_vllm_search_runs_a_few_k_a_sweep_and_stops_at_the_first_robust_pass():
+    knob, _ = _knob("int4_per_token_head", [0.1, 0.5, 0.2, 0.4, 0.3, 0.0], per_sweep=4)  # order 1 3 4 2 0 5
+    ran = []
+    found = cheapest_setting("vllm", _sweep(6, {1, 3}, ran), say=lambda *a: None, knob=knob)
+    assert found.cheapest["flags"] == "--kv-cache-dtype int4_per_token_head --kv-cache-dtype-skip-layers 1 3"
+    assert found.cheapest["skipped"] == [1, 3] and found.knob.startswith("--kv-cache-dtype int4_per_token_head")
+    assert len(ran) == 1 and len(ran[0]) == 4  # k = 0..3 in one sweep
+    assert [r["robust"] for r in found.rows] == [False, False, True, True]
+    assert found.past == 1 and found.untried == 3 and len(found.rows) + found.untried == 7
+    ran = []
+    found = cheapest_setting("vllm", _sweep(6, {1, 3, 4, 2}, ran), say=lambda *a: None,
+                             knob=VllmSkipLayers("int4_per_token_head", knob._measure, per_sweep=2))
+    assert [len(b) for b in ran] == [2, 2, 2] and found.cheapest["skipped"] == [1, 2, 3, 4]
+    assert found.past == 1 and found.untried == 1
+    found = cheapest_setting("vllm", _sweep(6, {7}, []), say=lambda *a: None, knob=knob)  # nothing passes: every k ran
+    assert found.cheapest is None and len(found.rows) == 7 and found.untried == 0
+
+
+def test_the_ranking_comes_from_the_sensitivity_pass(tmp_path, cli):
+    """On a tiny random Llama of 8 layers (test_architectures' builder): the knob's ranking is the
+    sensitivity table's order of K + V cost per layer; a TurboQuant preset priced as itself shows its
+    boundary layers at 0 (kv-compress keeps them exact), which is why the knob prices it on every layer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kvlib.budget.pricing import measure_sensitivity
+    from kvlib.budget.sensitivity import calibration_window
+    from kvlib.transforms.codec import cache_transforms
+    from test_architectures import BASE
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **{**BASE, "head_dim": 64,
+                                                                              "num_hidden_layers": 8})).eval()
+    ids = torch.randint(3, BASE["vocab_size"], (1, 200), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        windows = [calibration_window(model, ids, b, 96, 16) for b in (0, 100)]
+    tables = {}
+
+    def measure(spec_for):
+        codec = resolve_codec(spec_for(8))
+        ts, _ = cache_transforms([codec], tmp_path / str(len(tables)), "tiny")
+        with torch.no_grad():
+            tables[codec.spec] = measure_sensitivity(model, windows, [codec], ts, "random ids", measure="fast")
+        return tables[codec.spec]
+
+    knob = VllmSkipLayers("int4_per_token_head", measure)
+    ranking = knob.ranking()
+    sens = tables[resolve_codec("vllm:int4_per_token_head").spec]
+    cost = [sens.kl[i][0][0] + sens.kl[i][1][0] for i in range(8)]
+    assert ranking == sorted(range(8), key=lambda i: -cost[i]) and min(cost) > 0
+    assert knob.settings()[3].skipped == tuple(sorted(ranking[:3]))
+    tq = VllmSkipLayers("turboquant_3bit_nc", measure)
+    assert tq.rule() == [0, 1, 6, 7] and min(tq.damage()) > 0  # every layer priced
+    assert sorted(tq.ranking()) == [2, 3, 4, 5] and tq.ranking() == sorted([2, 3, 4, 5], key=lambda i: -tq.damage()[i])
+    plain = layer_damage(measure(lambda n: "vllm:turboquant_3bit_nc"))
+    assert [plain[i] for i in (0, 1, 6, 7)] == [0.0] * 4 and min(plain[2:6]) > 0
+
+
+def test_the_rule_spelled_per_layer_writes_what_vllm_writes(tiny_llama, tmp_path, cli):
+    """``none`` with TurboQuant's halves on layers 2..19 is the preset's own write path bit for bit, and on a
+    boundary layer it quantizes where the preset keeps it exact."""
+    import torch
+
+    from kvlib.scoring.write import write_cache
+    from kvlib.transforms.codec import cache_transforms
+
+    codecs = [resolve_codec("vllm:turboquant_3bit_nc"),
+              resolve_codec("none,k2-19=vllm:turboquant_k3_nc,v2-19=vllm:turboquant_v3"),
+              resolve_codec("none,k0-21=vllm:turboquant_k3_nc,v0-21=vllm:turboquant_v3")]
+    ts, _ = cache_transforms(codecs, tmp_path, "t", mode="write", architecture="llama")
+    rule, spelled, every = (ts[c.name] for c in codecs)
+    write_cache(tiny_llama, rule, [])
+    g = torch.Generator().manual_seed(3)
+    k, v = torch.randn(1, 4, 8, 64, generator=g), torch.randn(1, 4, 8, 64, generator=g)
+    for layer in (0, 1, 2, 19, 20, 21):
+        a, b, c = (t.roundtrip_layer(layer, k, v)[:2] for t in (rule, spelled, every))
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), layer
+        assert torch.equal(a[0], c[0]) == (2 <= layer <= 19), layer
+
+
+def test_boundary_check_verdict():
+    # 8 layers; layer 0 and 3 damage most; the fake engine passes once 0 and 3 are skipped
+    knob, _ = _knob("turboquant_4bit_nc", [0.9, 0.1, 0.2, 0.6, 0.3, 0.0, 0.4, 0.5], per_sweep=2)
+    ran = []
+    sweep = _sweep(8, {0, 3}, ran)
+    searched = cheapest_setting("vllm", sweep, say=lambda *a: None, knob=knob)
+    assert searched.cheapest["skipped"] == [0, 1, 3, 6, 7]  # vLLM's answer: the rule and layer 3
+    ran.clear()
+    c = boundary_check(knob, sweep, say=lambda *a: None, searched=searched)
+    assert c.rule == [0, 1, 6, 7] and c.ranking[:4] == [0, 3, 7, 6] and c.rule_ranks == [1, 7, 4, 3]
+    assert c.fewest == 2 and c.fewest_layers == [0, 3] and not c.same_layers
+    assert c.rule_row["flags"] == "--kv-cache-dtype turboquant_4bit_nc" and not c.rule_row["robust"]
+    assert len(ran) == 2  # k = 0..3 over every layer; the rule's row came from the knob's own search
+    assert c.verdict == ("fewer layers pass: 2 (0 3) against the rule's 4; the rule's setting fails; "
+                         "its layers are not the measured top 4")
+    edges, _ = _knob("turboquant_4bit_nc", [0.9, 0.8, 0.1, 0.2, 0.0, 0.1, 0.7, 0.6])  # the rule is the answer
+    c = boundary_check(edges, _sweep(8, {0, 1, 6, 7}, []), say=lambda *a: None)
+    assert c.fewest == 4 and c.rule_row["robust"] and c.same_layers and c.rule_ranks == [1, 2, 3, 4]
+    assert c.verdict == ("the rule's 4 layers are the fewest that pass; the rule's setting passes robustly; "
+                         "its layers are the measured top 4")
+    c = boundary_check(knob, _sweep(8, {0, 1, 6, 7}, []), say=lambda *a: None)  # measured otherwise: 7 skips
+    assert c.fewest == 7 and c.rule_row["robust"] and c.verdict.startswith("the ranking needs 7 skips to pass where the rule's 4 layers do")
+    with pytest.raises(ValueError, match="no fixed rule"):
+        boundary_check(_knob("fp8", [0.0] * 4)[0], sweep)
+
+
+def test_boundary_check_prints_like_the_search(capsys):
+    knob, _ = _knob("turboquant_4bit_nc", [0.9, 0.1, 0.2, 0.6, 0.3, 0.0, 0.4, 0.5], per_sweep=2)
+    print_boundary_check(boundary_check(knob, _sweep(8, {0, 3}, []), say=lambda *a: None))
+    out = capsys.readouterr().out
+    assert "turboquant_4bit_nc's fixed rule: skip layers 0 1 6 7 of 8" in out
+    assert "measured ranks of those layers (1: most damaging): 0: 1, 1: 7, 6: 4, 7: 3" in out
+    assert "cheapest that passes robustly: (not a vLLM setting) skip 0 3" in out
+    assert "the rule's setting --kv-cache-dtype turboquant_4bit_nc" in out and "verdict: fewer layers pass" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--engine", "vllm", "--knobs", "--knob-format", "fp9"], "vllm format 'fp9': choose one of fp8,"),
+    (["--engine", "vllm", "--knobs"], "vllm's knob needs a format (--knob-format: fp8,"),
+    (["--engine", "sglang", "--knobs"], "engine 'sglang': knob search knows llama.cpp, vllm"),
+    (["--engine", "llama.cpp", "--knobs", "--knob-format", "fp8"], "llama.cpp's knobs take no format"),
+    (["--engine", "vllm", "--knobs", "--knob-format", "fp8", "--boundary-check"], "fp8 has no fixed rule"),
+    (["--engine", "vllm", "--knob-format", "fp8"], "--knob-format and --boundary-check go with --engine vllm --knobs"),
+])
+def test_cli_names_a_knob_or_format_that_does_not_exist(argv, message, capsys):
+    from kvlib.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1  # one line, before anything loads

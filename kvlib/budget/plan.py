@@ -190,6 +190,18 @@ def plan_mixes(load: Callable[[], Any], cfg: CalibrationConfig, budgets: list[fl
     return mixes, result
 
 
+def sensitivity_table(load: Callable[[], Any], cfg: CalibrationConfig, cal: Calibration, length: int, workdir: Any,
+                      model_name: str, store: ResultsStore | None = None, identity: RunIdentity | None = None,
+                      say: Callable[..., None] = print, progress: bool = False, context: int | None = None,
+                      codecs: list[CodecConfig] | None = None) -> tuple[Sensitivity, bool]:
+    """The sensitivity table alone (no allocation), from the store or measured now (and stored), and
+    whether it was reused. ``codecs``: what it prices (default the calibration's candidates); one
+    with per-layer overrides is priced as it is (an engine format spelled on every layer)."""
+    codecs = resolve_candidates(cfg.candidates) if codecs is None else codecs
+    key = sensitivity_key(identity, cal, cfg, codecs, length, context) if identity is not None else None
+    return _Planning(load, cfg, cal, length, workdir, model_name, store, key, say, context).sensitivity(codecs, progress)
+
+
 def similar_presets(budgets: list[float], within: float = 1.0) -> list[str]:
     """The presets a mix is compared with when none are named: those within ``within`` bits per
     element of a budget."""
