@@ -156,7 +156,7 @@ def test_every_format_is_written(written):
         "bins 16": any(r.get("bins") == 16 for r in recs), "bins 32": any(r.get("bins") == 32 for r in recs),
         "rotation": any("rotation" in r for r in recs),
         "lossless": {p for r in recs for p in r.get("lossless", ())} == {".codes", ".scales", ".zeros"},
-        "wire": any(r.get("wire") == [".codes"] for r in recs),
+        "wire": any(".codes" in r.get("wire", ()) for r in recs),
         "outliers": any(r["outliers"] > 0 for r in recs), "scale other than 1": any(r["scheme"].get("scale", 1) != 1 for r in recs),
         "channel": any(r["scheme"]["axis"] == "channel" for r in recs), "residual": any(r["scheme"]["residual"] > 0 for r in recs),
         "sparsity": any(r["scheme"]["sparsity"] > 0 for r in recs),
@@ -216,7 +216,8 @@ def _wrong(rec: dict, rotating: set[str]) -> list[tuple[str, dict]]:
     else:
         out.append(("a rotation", dict(rec, rotation=64)))
     if "wire" in rec:
-        out.append(("wire-coded scales", dict(rec, wire=[".codes", ".scales"])))
+        out.append(("wire-coded outliers", dict(rec, wire=[".codes", ".outlier_value"])))
+        out.append(("a wire-coded part twice", dict(rec, wire=[".codes", ".codes"])))
     if m == "lmcache:cachegen":
         out += [("bins 8", dict(rec, bins=8)), ("bins left out", {k: v for k, v in rec.items() if k != "bins"})]
     else:

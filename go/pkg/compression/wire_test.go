@@ -3,6 +3,7 @@ package compression
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -417,6 +418,136 @@ func TestWireRejectsBadPayloads(t *testing.T) {
 	}
 }
 
+// TestWireRejectsBadScales: a wire-coded scales or zeros part that does
+// not decode, or one the scheme does not store, is a one-line ErrWire
+// TensorError naming the tensor and the part, before any large allocation.
+func TestWireRejectsBadScales(t *testing.T) {
+	src := wireCache(23, safetensors.F32, 1, 2, 2048, 64)
+	spec, _ := ParseSpec("kivi2+wire")
+	res, err := Compress(src, Config{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := parseHeader(res.Compressed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tensor, part string
+	for _, ti := range h.Tensors {
+		for _, s := range ti.Wire {
+			if s == ZerosSuffix && tensor == "" {
+				tensor, part = ti.Name, s
+			}
+		}
+	}
+	if tensor == "" {
+		t.Fatal("no scales or zeros part was wire-coded")
+	}
+	name := tensor + part
+	mutate := func(fn func(c, o, m *safetensors.Tensor), meta func(map[string]string)) *safetensors.File {
+		f := &safetensors.File{Metadata: map[string]string{}}
+		for k, v := range res.Compressed.Metadata {
+			f.Metadata[k] = v
+		}
+		for _, tn := range res.Compressed.Tensors {
+			tn.Data = append([]byte(nil), tn.Data...)
+			f.Tensors = append(f.Tensors, tn)
+		}
+		c, o, m := f.Tensor(name), f.Tensor(name+ChunksSuffix), f.Tensor(name+WireModelSuffix)
+		fn(c, o, m)
+		c.Shape, o.Shape, m.Shape = []int{len(c.Data)}, []int{len(o.Data) / 8}, []int{len(m.Data)}
+		if meta != nil {
+			meta(f.Metadata)
+		}
+		return f
+	}
+	tests := []struct {
+		name string
+		fn   func(c, o, m *safetensors.Tensor)
+		meta func(map[string]string)
+		want string
+	}{
+		{"corrupted stream", func(c, o, m *safetensors.Tensor) {
+			for i := 16; i < len(c.Data); i += 2 {
+				c.Data[i] ^= 0x5a
+			}
+		}, nil, part + " chunk 0"},
+		{"offset past the end", func(c, o, m *safetensors.Tensor) { binary.LittleEndian.PutUint64(o.Data, 1<<40) }, nil, "past the"},
+		{"chunk claims too much", func(c, o, m *safetensors.Tensor) { binary.LittleEndian.PutUint64(o.Data, 16) }, nil, "cannot hold"},
+		{"model width", func(c, o, m *safetensors.Tensor) { m.Data[1] = 4 }, nil, part + WireModelSuffix},
+		{"tables truncated", func(c, o, m *safetensors.Tensor) { m.Data = m.Data[:wireHeaderSize+1] }, nil, "table"},
+		{"a part the scheme lacks", func(c, o, m *safetensors.Tensor) {}, func(md map[string]string) {
+			var recs []map[string]any
+			if err := json.Unmarshal([]byte(md[metaTensors]), &recs); err != nil {
+				t.Fatal(err)
+			}
+			for _, rec := range recs {
+				if rec["name"] == tensor {
+					rec["scheme"].(map[string]any)["method"] = "sym" // no zero points
+				}
+			}
+			b, _ := json.Marshal(recs)
+			md[metaTensors] = string(b)
+		}, "stores no such part"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := mutate(tc.fn, tc.meta)
+			var err error
+			if used := allocated(func() { _, _, err = Decompress(roundTripFile(t, f), 2) }); used > memoryBound(len(c0(f))) {
+				t.Errorf("allocated %d bytes", used)
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			var te *TensorError
+			msg := err.Error()
+			if !errors.As(err, &te) || strings.Contains(msg, "\n") || !strings.Contains(msg, tc.want) || !errors.Is(err, ErrWire) {
+				t.Errorf("error %q, want a one-line ErrWire TensorError containing %q", msg, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzWireF16 drives the model parser and the chunk decoder on the byte
+// planes of a scales part: errors, never a panic or a write out of range.
+func FuzzWireF16(f *testing.F) {
+	r := rand.New(rand.NewSource(10))
+	raw := make([]byte, 2*300)
+	for i := 0; i < len(raw); i += 2 {
+		binary.LittleEndian.PutUint16(raw[i:], 0x2c00+uint16(r.Intn(1024)))
+	}
+	w := wireF16Shape(300)
+	planes := make([]uint8, w.n)
+	wireSplitF16(planes, raw)
+	m := buildWireModel(planes, w)
+	f.Add(m.marshal(), m.encodeChunk(nil, planes, w, 0, nil), uint16(300))
+	f.Fuzz(func(t *testing.T, model, stream []byte, nv uint16) {
+		w := wireF16Shape(int(nv)%4096 + 1)
+		m, err := parseWireModel(model, 8, w.contexts, w.n)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("multi-line error %q", err)
+			}
+			return
+		}
+		if len(stream) == 0 || w.n > wireMaxInflation*len(stream) || w.n > 1<<m.chunkLog {
+			return
+		}
+		dst := make([]uint8, w.n)
+		if err := m.decodeChunk(dst, stream, w, 0); err == nil {
+			back := make([]byte, w.n)
+			wireJoinF16(back, dst)
+			again := make([]uint8, w.n)
+			wireSplitF16(again, back)
+			if !bytes.Equal(again, dst) {
+				t.Fatal("planes do not round-trip")
+			}
+		}
+	})
+}
+
+// c0 is the encoded size of a file, for the allocation bound.
 // c0 is the encoded size of a file, for the allocation bound.
 func c0(f *safetensors.File) []byte {
 	var buf bytes.Buffer
@@ -607,5 +738,5 @@ func ExampleParseSpec_wire() {
 	}
 	fmt.Println(wire.Name(), hdr.Tensors[0].Wire, hdr.Tensors[0].Lossless, same,
 		b.Report.BitsPerElement < a.Report.BitsPerElement)
-	// Output: int4+wire [.codes] [.scales] true true
+	// Output: int4+wire [.codes .scales] [] true true
 }
