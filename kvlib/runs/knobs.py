@@ -25,8 +25,11 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from kvlib.budget.plan import calibration_tokens, sensitivity_table
 from kvlib.codec.spec import engine_menu, resolve_codec
 from kvlib.gates import PPL_DELTA_THRESHOLD
+from kvlib.runs.setup import RunParams, prepare_run
+from kvlib.runs.sweep import model_geometry
 
 MODEL_DTYPE_BITS = 16.0  # a layer an engine skips stores the model's dtype (fp16/bf16 when serving)
 
@@ -241,9 +244,6 @@ def format_sensitivity(spec_for: Callable[[int], str], *, model: str, corpus_nam
     import dataclasses
     import tempfile
 
-    from kvlib.budget.plan import calibration_tokens, sensitivity_table
-    from kvlib.runs.setup import RunParams, prepare_run
-    from kvlib.runs.sweep import model_geometry
 
     run = prepare_run(RunParams(model, corpus_name, device, dtype, PPL_DELTA_THRESHOLD, stride, max_windows,
                                 context_length, results, fresh), verbose)
