@@ -172,22 +172,14 @@ func inflateStored(f *safetensors.File, infos []TensorInfo, rawSize func(ti Tens
 			if len(ot.Data) != 8*n {
 				return nil, tensorErrorf(ti.Name, "%w: %s%s holds %d offsets, want %d for %d bytes", ErrLossless, suffix, ChunksSuffix, len(ot.Data)/8, n, size)
 			}
-			p := &part{name: name, suffix: suffix, coded: ct.Data, offsets: make([]uint64, n)}
-			var prev uint64
-			for c := 0; c < n; c++ {
-				end := binary.LittleEndian.Uint64(ot.Data[8*c:])
-				rawLen := min(LosslessChunk, size-c*LosslessChunk)
-				if end <= prev || end > uint64(len(ct.Data)) {
-					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: offset %d not ascending or past the %d coded bytes", ErrLossless, suffix, c, end, len(ct.Data))
-				}
-				if uint64(rawLen) > maxInflation*(end-prev) {
-					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: %d coded bytes cannot hold %d bytes", ErrLossless, suffix, c, end-prev, rawLen)
-				}
-				p.offsets[c], prev = end, end
-				jobs = append(jobs, chunkJob{len(parts), c})
+			offsets, err := chunkOffsets(ti.Name, suffix, ot.Data, len(ct.Data), n,
+				func(c int) int { return min(LosslessChunk, size-c*LosslessChunk) }, maxInflation, ErrLossless, "bytes")
+			if err != nil {
+				return nil, err
 			}
-			if prev != uint64(len(ct.Data)) {
-				return nil, tensorErrorf(ti.Name, "%w: %s has %d bytes after its last chunk", ErrLossless, suffix, uint64(len(ct.Data))-prev)
+			p := &part{name: name, suffix: suffix, coded: ct.Data, offsets: offsets}
+			for c := 0; c < n; c++ {
+				jobs = append(jobs, chunkJob{len(parts), c})
 			}
 			p.raw = make([]byte, size) // at most maxInflation times the coded bytes, checked above
 			parts = append(parts, p)
@@ -235,4 +227,29 @@ func inflateStored(f *safetensors.File, infos []TensorInfo, rawSize func(ti Tens
 		}
 	}
 	return out, nil
+}
+
+// chunkOffsets reads a coded part's table of chunk end offsets (n of
+// them, little-endian U64) and checks them before anything is allocated:
+// ascending, within the coded bytes, ending exactly at its end, and each
+// chunk able to hold what it claims (rawOf(c) units of "what", at most
+// inflation per coded byte). Shared by the lossless and the wire stage.
+func chunkOffsets(tensor, suffix string, table []byte, coded int, n int, rawOf func(c int) int, inflation uint64,
+	kind error, what string) ([]uint64, error) {
+	offsets := make([]uint64, n)
+	var prev uint64
+	for c := 0; c < n; c++ {
+		end := binary.LittleEndian.Uint64(table[8*c:])
+		if end <= prev || end > uint64(coded) {
+			return nil, tensorErrorf(tensor, "%w: %s chunk %d: offset %d not ascending or past the %d coded bytes", kind, suffix, c, end, coded)
+		}
+		if raw := rawOf(c); uint64(raw) > inflation*(end-prev) {
+			return nil, tensorErrorf(tensor, "%w: %s chunk %d: %d coded bytes cannot hold %d %s", kind, suffix, c, end-prev, raw, what)
+		}
+		offsets[c], prev = end, end
+	}
+	if prev != uint64(coded) {
+		return nil, tensorErrorf(tensor, "%w: %s has %d bytes after its last chunk", kind, suffix, uint64(coded)-prev)
+	}
+	return offsets, nil
 }

@@ -444,22 +444,14 @@ func wireInflate(f *safetensors.File, infos []TensorInfo, workers int) (*safeten
 			if len(ot.Data) != 8*n {
 				return nil, tensorErrorf(ti.Name, "%w: %s%s holds %d offsets, want %d for %d codes", ErrWire, suffix, ChunksSuffix, len(ot.Data)/8, n, w.n)
 			}
-			p := &part{tensor: ti.Name, suffix: suffix, shape: w, model: m, coded: ct.Data, offsets: make([]uint64, n)}
-			var prev uint64
-			for c := 0; c < n; c++ {
-				end := binary.LittleEndian.Uint64(ot.Data[8*c:])
-				syms := min(1<<m.chunkLog, w.n-c<<m.chunkLog)
-				if end <= prev || end > uint64(len(ct.Data)) {
-					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: offset %d not ascending or past the %d coded bytes", ErrWire, suffix, c, end, len(ct.Data))
-				}
-				if uint64(syms) > wireMaxInflation*(end-prev) {
-					return nil, tensorErrorf(ti.Name, "%w: %s chunk %d: %d coded bytes cannot hold %d codes", ErrWire, suffix, c, end-prev, syms)
-				}
-				p.offsets[c], prev = end, end
-				jobs = append(jobs, chunkJob{len(parts), c})
+			offsets, err := chunkOffsets(ti.Name, suffix, ot.Data, len(ct.Data), n,
+				func(c int) int { return min(1<<m.chunkLog, w.n-c<<m.chunkLog) }, wireMaxInflation, ErrWire, "codes")
+			if err != nil {
+				return nil, err
 			}
-			if prev != uint64(len(ct.Data)) {
-				return nil, tensorErrorf(ti.Name, "%w: %s has %d bytes after its last chunk", ErrWire, suffix, uint64(len(ct.Data))-prev)
+			p := &part{tensor: ti.Name, suffix: suffix, shape: w, model: m, coded: ct.Data, offsets: offsets}
+			for c := 0; c < n; c++ {
+				jobs = append(jobs, chunkJob{len(parts), c})
 			}
 			p.raw = make([]byte, w.rawBytes) // at most wireMaxInflation codes per coded byte, checked above
 			parts = append(parts, p)
