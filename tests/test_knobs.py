@@ -36,7 +36,7 @@ def test_search_stops_at_the_first_level_with_a_robust_pass():
             rows.append(SimpleNamespace(name=resolve_codec(spec).name, bits_per_element=6.5, context_delta=delta,
                                         ci_low=delta - 0.1, ci_high=delta + 0.1, kld_mean=0.01, robust=keys_fine,
                                         passed=keys_fine))
-        return SimpleNamespace(mode="write", schemes=rows)
+        return SimpleNamespace(mode="write", threshold=0.5, schemes=rows)
 
     found = cheapest_setting("llama.cpp", sweep, say=lambda *a: None)
     assert found.cheapest["flags"] == "-ctk q8_0 -ctv q4_0"  # of the two at 6.5 bits, the smaller delta
@@ -83,7 +83,9 @@ def test_cli_runs_the_search_in_write_mode_and_prints_the_flags(tiny_dir, tmp_pa
     d = json.loads(out.read_text())
     assert d["mode"] == "write" and [r["flags"] for r in d["rows"]] == ["-ctk q4_0 -ctv q4_0", "-ctk f16 -ctv f16"]
     assert not d["rows"][0]["robust"] and d["cheapest"]["flags"] == "-ctk f16 -ctv f16"
-    assert "cheapest that passes robustly: -ctk f16 -ctv f16" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "cheapest that passes robustly: -ctk f16 -ctv f16" in printed and "(gate 1e-09)" in printed
+    assert d["threshold"] == 1e-9
     assert main(argv[:-6] + ["--max-windows", "3", "--knobs"]) == 2  # no CI below 5 windows: refused up front
 
 
@@ -163,7 +165,7 @@ def _sweep(n, needs, ran):
             d = 0.1 if ok else 0.9
             rows.append(SimpleNamespace(name=resolve_codec(spec).name, bits_per_element=4.0, context_delta=d,
                                         ci_low=d - 0.1, ci_high=d + 0.1, kld_mean=0.01, robust=ok, passed=ok))
-        return SimpleNamespace(mode="write", schemes=rows)
+        return SimpleNamespace(mode="write", threshold=0.5, schemes=rows)
     return sweep
 
 

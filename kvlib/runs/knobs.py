@@ -269,6 +269,7 @@ class KnobSearch:
     untried: int = 0  # settings above the level where the search stopped, never run
     knob: str = ""  # which of the engine's knobs, where it has several (vLLM: the format's skipped layers)
     past: int = 0  # settings costlier than the answer's level that ran in its sweep (their rows are kept)
+    threshold: float = PPL_DELTA_THRESHOLD  # the gate the sweeps judged by
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -305,7 +306,7 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
         bits = f"{batch[0][0].bits:g}" + (f" to {batch[-1][0].bits:g}" if len(batch) > 1 else "")
         say(f"{name}: {len(ran)} setting(s) at {bits} bits/element: " + "; ".join(s.flags for s in ran))
         result = sweep([s.spec for s in ran])
-        found.mode = result.mode
+        found.mode, found.threshold = result.mode, result.threshold
         by_name = {s.name: s for s in result.schemes}
         rows = [_row(st, by_name[resolve_codec(st.spec).name]) for st in ran]
         found.rows.extend(rows)
@@ -323,7 +324,7 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
 
 def print_search(s: KnobSearch) -> None:
     knob = f" ({s.knob})" if s.knob else ""
-    print(f"  {s.engine}{knob}: settings validated in {s.mode} mode, fewest bits first (gate {PPL_DELTA_THRESHOLD})")
+    print(f"  {s.engine}{knob}: settings validated in {s.mode} mode, fewest bits first (gate {s.threshold:g})")
     width = max([28] + [len(r["flags"]) for r in s.rows])
     for r in s.rows:
         verdict = "pass (robust)" if r["robust"] else "pass" if r["passed"] else "FAIL"
