@@ -11,7 +11,8 @@ import torch
 from kvlib.budget.allocate import allocate, solve
 from kvlib.cache.layout import cache_layers
 from kvlib.codec.spec import resolve_codec
-from kvlib.budget.pricing import FastPricer, measure_sensitivity
+from kvlib.budget.heads import HeadSensitivity, head_variants, measure_heads
+from kvlib.budget.pricing import PRICERS, FastPricer, measure_sensitivity
 from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, resolve_candidates, score_variant)
 from kvlib.cache.layout import layout_of
 from kvlib.transforms.codec import cache_transforms
@@ -232,3 +233,56 @@ def test_fast_measure_is_the_full_one_when_the_head_scores_every_token(tiny_llam
     with torch.no_grad():
         pricer.prepare(tiny_llama, windows[0])
         assert max(pricer.price(tiny_llama, windows[0], exact, 5, [exact[5]] * 2)) < 1e-6
+
+
+def test_head_variants_replace_one_head_of_one_role():
+    torch.manual_seed(0)
+    exact = [(torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4)) for _ in range(2)]
+    recon = [(torch.randn(1, 3, 5, 4), torch.randn(1, 3, 5, 4)) for _ in range(2)]
+    got = head_variants(exact, recon, 1)
+    assert len(got) == 6
+    for i, (k, v) in enumerate(got):
+        role, h = divmod(i, 3)
+        changed, kept = (k, v) if role == 0 else (v, k)
+        assert torch.equal(kept, exact[1][1 - role])
+        assert torch.equal(changed[:, h], recon[1][role][:, h])
+        others = [j for j in range(3) if j != h]
+        assert torch.equal(changed[:, others], exact[1][role][:, others])
+
+
+def test_head_costs_are_each_head_alone_and_spread_reads_them(tiny_llama, calibrated, monkeypatch):
+    """measure_heads prices, per window and layer, each head of each role alone and averages over
+    the windows; on the tiny model the fast measure's value heads add up to about the slot."""
+    windows, codecs, ts, full = calibrated
+    codec = codecs[0]
+
+    class Changed:  # a cost that says which head of which role was replaced, and how much
+        forwards = 0
+
+        def prepare(self, model, w):
+            self.w = w
+
+        def price(self, model, w, exact, layer, variants):
+            k, v = exact[layer]
+            return [float((a - k).abs().sum() + 10 * (b - v).abs().sum()) + layer for a, b in variants]
+
+    monkeypatch.setitem(PRICERS, "changed", Changed)
+    with torch.no_grad():
+        fake = measure_heads(tiny_llama, windows, codec, ts[codec.name], "random ids", measure="changed")
+        real = measure_heads(tiny_llama, windows, codec, ts[codec.name], "random ids")
+        want = []
+        for w in windows:
+            exact = cache_layers(w.context)
+            recon = cache_layers(ts[codec.name](w.context)[0])
+            want.append([(exact[5][r][:, h] - recon[5][r][:, h]).abs().sum() * (1, 10)[r] + 5 for r in range(2) for h in range(4)])
+    assert torch.allclose(torch.tensor(fake.kl[5]), torch.tensor(want).mean(0).view(2, 4).float(), rtol=1e-6)
+    assert len(real.kl) == 22 and all(len(h) == 4 for layer in real.kl for h in layer)
+    assert real.forwards == 22 * 2 and real.candidate == codec.spec and real.measure == "fast"
+    assert min(min(h) for layer in real.kl for h in layer) > 0
+    # values: their heads add up to about the slot (the random model's key costs, ~1e-8 nats, are
+    # below the fast measure's float32 floor; real models' are 1e-4 and up)
+    ratio = torch.tensor([sum(real.kl[la][1]) / full.kl[la][1][0] for la in range(22)])
+    assert 0.5 < float(ratio.median()) < 2.0
+    made = HeadSensitivity("x", [[[1.0, 12.0], [2.0, 3.0]], [[0.0, 0.0], [0.0, 5.0]]], "c", 1, "full")
+    assert made.spread(0, 0) == 12.0 and made.spread(1, 0) == 1.0 and made.spread(1, 1) == float("inf")
+    assert made.spread_slots() == [(0, 0), (1, 1)] and made.share([(0, 0)]) == pytest.approx(13 / 23)

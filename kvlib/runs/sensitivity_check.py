@@ -1,6 +1,7 @@
 """The fast sensitivity measure against the full one, on one model, in one run: their cost (suffix
 forwards and seconds), how the slots rank (Spearman over every (layer, role, candidate)) and whether
-the budgets allot the same mixes. ``make sensitivity-check MODEL=gemma3-270m``.
+the budgets allot the same mixes. ``make sensitivity-check MODEL=gemma3-270m``. With ``--heads
+CANDIDATE``: each KV head priced alone, to see whether a per-head choice would pay.
 
 The calibration is the sweep's own default when WikiText-2 is evaluated (the embedded corpus, two
 windows of 2048 tokens, contexts of the prefix mode's 1,535 tokens, the last 128 scored), with the
@@ -20,8 +21,9 @@ from typing import Any
 import torch
 
 from kvlib.budget.allocate import allocate
+from kvlib.budget.heads import SPREAD, measure_heads
 from kvlib.budget.pricing import measure_sensitivity
-from kvlib.budget.sensitivity import CalibrationConfig, Sensitivity, calibration_window, resolve_candidates
+from kvlib.budget.sensitivity import ROLES, CalibrationConfig, Sensitivity, calibration_window, resolve_candidates
 from kvlib.models import corpus as corpora
 from kvlib.models.sources import load_model_and_tokenizer
 from kvlib.scoring.stats import spearman
@@ -32,17 +34,25 @@ def flat(s: Sensitivity) -> list[float]:
     return [c for layer in s.kl for role in layer for c in role]
 
 
-def compare(model_name: str, budgets: tuple[float, ...] = (2.5, 3.25, 4.25), length: int = 2048, stride: int = 512,
-            cfg: CalibrationConfig = CalibrationConfig(), say: Any = print) -> dict[str, Any]:
-    """Both measures on the same windows; what they cost and whether they agree."""
+def calibrate(model_name: str, cfg: CalibrationConfig, length: int, stride: int) -> tuple[Any, list, int]:
+    """The model and the sweep's default calibration windows on the embedded corpus (contexts of
+    the prefix mode's length, so the caches have the evaluated layout)."""
     model, tok = load_model_and_tokenizer(model_name, device="cpu")
     ids = corpora.tokenize(tok, corpora.load_corpus(corpora.EMBEDDED))
     context = length - stride - 1
+    with torch.no_grad():
+        windows = [calibration_window(model, ids, i * length, length, cfg.targets, context) for i in range(cfg.windows)]
+    return model, windows, context
+
+
+def compare(model_name: str, budgets: tuple[float, ...] = (2.5, 3.25, 4.25), length: int = 2048, stride: int = 512,
+            cfg: CalibrationConfig = CalibrationConfig(), say: Any = print) -> dict[str, Any]:
+    """Both measures on the same windows; what they cost and whether they agree."""
+    model, windows, context = calibrate(model_name, cfg, length, stride)
     codecs = resolve_candidates(cfg.candidates)
     out: dict[str, Any] = {"model": model_name, "candidates": [c.name for c in codecs], "context": context,
                            "targets": cfg.targets, "windows": cfg.windows}
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="kvlib-sensitivity-") as tmp:
-        windows = [calibration_window(model, ids, i * length, length, cfg.targets, context) for i in range(cfg.windows)]
         ts, _ = cache_transforms(codecs, Path(tmp), model_name)
         runs = {}
         for measure in ("full", "fast"):
@@ -68,6 +78,37 @@ def compare(model_name: str, budgets: tuple[float, ...] = (2.5, 3.25, 4.25), len
     return out
 
 
+def head_spread(model_name: str, candidate: str, length: int = 2048, stride: int = 512,
+                cfg: CalibrationConfig = CalibrationConfig()) -> dict[str, Any]:
+    """Each KV head of each slot priced alone under ``candidate`` (the fast measure): which slots'
+    heads differ by an order of magnitude, and what share of the cost they hold."""
+    model, windows, context = calibrate(model_name, cfg, length, stride)
+    codec = resolve_candidates((candidate,))[0]
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="kvlib-sensitivity-") as tmp:
+        ts, _ = cache_transforms([codec], Path(tmp), model_name)
+        heads = measure_heads(model, windows, codec, ts[codec.name], "embedded", measure=cfg.measure)
+    wide = heads.spread_slots(SPREAD)
+    return {"model": model_name, "candidate": codec.name, "context": context, "windows": cfg.windows,
+            "heads": heads.to_dict(), "threshold": SPREAD, "spread_slots": wide, "spread_share": heads.share(wide),
+            "slots": sum(1 for layer in heads.kl for h in layer if len(h) > 1),
+            "spreads": [[heads.spread(la, r) for r in range(len(ROLES))] for la in range(len(heads.kl))]}
+
+
+def print_spread(r: dict[str, Any]) -> None:
+    kl = r["heads"]["kl"]
+    print(f"{r['model']}: each KV head alone under {r['candidate']}, {r['windows']} windows, contexts of "
+          f"{r['context']} tokens ({r['heads']['forwards']} forwards, {r['heads']['seconds']:.1f} s)")
+    if not r["slots"]:
+        print("  one KV head per layer: nothing to choose per head")
+        return
+    print("  layer  role   costliest/cheapest head  head costs (nats)")
+    for la, layer in enumerate(kl):
+        for ro, costs in enumerate(layer):
+            print(f"  {la:5d}  {ROLES[ro]:5s}  {r['spreads'][la][ro]:23.1f}  " + " ".join(f"{c:.2e}" for c in costs))
+    print(f"  {len(r['spread_slots'])} of {r['slots']} slots have heads {r['threshold']:g}x apart or more, holding "
+          f"{100 * r['spread_share']:.1f} % of the cost")
+
+
 def print_comparison(r: dict[str, Any]) -> None:
     print(f"{r['model']}: {len(r['candidates'])} candidates, {r['windows']} windows, contexts of {r['context']} tokens, "
           f"{r['targets']} targets each")
@@ -88,14 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvlib.runs.sensitivity_check", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--calibration", default="", help="windows=, targets=, candidates= (the sweep's form)")
+    ap.add_argument("--heads", default=None, metavar="CANDIDATE",
+                    help="instead: price each KV head alone under CANDIDATE and print how far a slot's heads differ")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     try:
-        r = compare(a.model, cfg=CalibrationConfig.from_string(a.calibration))
+        cfg = CalibrationConfig.from_string(a.calibration)
+        r = head_spread(a.model, a.heads, cfg=cfg) if a.heads else compare(a.model, cfg=cfg)
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"sensitivity-check: error: {e}", file=sys.stderr)
         return 2
-    print_comparison(r)
+    (print_spread if a.heads else print_comparison)(r)
     if a.json:
         Path(a.json).write_text(json.dumps(r, indent=1) + "\n")
     return 0

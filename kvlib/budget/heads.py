@@ -1,0 +1,97 @@
+"""Per-head sensitivity: does one KV head of a slot cost far more than another?
+
+A per-head allocation only pays where a (layer, role) slot's heads differ by an order of magnitude.
+This prices each head alone: the exact cache with only that head of that slot replaced by a
+candidate's reconstruction, by the same measures as the slots (``kvlib.budget.pricing``), so the
+heads of a slot add up to about the slot's own cost (exactly to first order, as small KLs do).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+
+from kvlib.budget.pricing import PRICERS, KV
+from kvlib.budget.sensitivity import ROLES, CalibrationWindow, reconstructions
+from kvlib.cache.layout import cache_layers
+from kvlib.codec.spec import CodecConfig
+
+SPREAD = 10.0  # "an order of magnitude": the ratio of a slot's costliest head to its cheapest
+
+
+@dataclass
+class HeadSensitivity:
+    """``kl[layer][role][head]``: mean nats per target with only that head under ``candidate``."""
+
+    candidate: str
+    kl: list[list[list[float]]]
+    calibration: str
+    targets: int
+    measure: str
+    seconds: float = 0.0
+    forwards: int = 0
+
+    def spread(self, layer: int, role: int) -> float:
+        """The slot's costliest head over its cheapest (inf when the cheapest costs nothing)."""
+        heads = self.kl[layer][role]
+        lo, hi = min(heads), max(heads)
+        return hi / lo if lo > 0 else (math.inf if hi > 0 else 1.0)
+
+    def spread_slots(self, threshold: float = SPREAD) -> list[tuple[int, int]]:
+        """The (layer, role) slots whose heads differ by ``threshold`` or more."""
+        return [(layer, r) for layer in range(len(self.kl)) for r in range(len(ROLES))
+                if len(self.kl[layer][r]) > 1 and self.spread(layer, r) >= threshold]
+
+    def share(self, slots: list[tuple[int, int]]) -> float:
+        """Those slots' part of the whole cache's cost (every head of every slot summed)."""
+        total = sum(sum(h) for layer in self.kl for h in layer)
+        return sum(sum(self.kl[layer][r]) for layer, r in slots) / total if total > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def head_variants(exact: list[KV], recon: list[KV], layer: int) -> list[KV]:
+    """The layer's (key, value) with one head of one role replaced: each key head, then each value head."""
+    k, v = exact[layer]
+    rk, rv = recon[layer]
+    out = []
+    for role, (x, r) in enumerate(((k, rk), (v, rv))):
+        for h in range(x.shape[1]):
+            y = x.clone()
+            y[:, h] = r[:, h]
+            out.append((y, v) if role == 0 else (k, y))
+    return out
+
+
+def measure_heads(model: Any, windows: list[CalibrationWindow], codec: CodecConfig, transform: Any,
+                  calibration: str, measure: str = "fast",
+                  progress: Callable[[int, int], None] | None = None) -> HeadSensitivity:
+    """Every head of every slot priced alone under ``codec`` on ``windows``, by ``measure``."""
+    t0 = time.perf_counter()
+    pricer = PRICERS[measure]()
+    nl = len(windows[0].context.layers)
+    kl: list[list[list[float]]] = []
+    done = 0
+    for w in windows:
+        exact = cache_layers(w.context)
+        recon = reconstructions(w, {codec.name: transform})[codec.name][0]
+        pricer.prepare(model, w)
+        for layer in range(nl):
+            costs = pricer.price(model, w, exact, layer, head_variants(exact, recon, layer))
+            heads = exact[layer][0].shape[1]
+            if len(kl) <= layer:
+                kl.append([[0.0] * heads for _ in ROLES])
+            for r in range(len(ROLES)):
+                for h in range(heads):
+                    kl[layer][r][h] += costs[r * heads + h] / len(windows)
+            done += 1
+            if progress is not None:
+                progress(done, nl * len(windows))
+        del recon
+    return HeadSensitivity(candidate=codec.spec, kl=kl, calibration=calibration,
+                           targets=sum(w.logp.shape[0] for w in windows), measure=measure,
+                           seconds=time.perf_counter() - t0, forwards=pricer.forwards)
