@@ -155,3 +155,16 @@ def test_run_log_timings_are_a_table(rendered):
     assert fmt_seconds(0.2134) == "213 ms" and fmt_seconds(14.84) == "14.8 s"
     assert t["scored tokens per second"] == f"{timing['scored_tokens_per_s']:.1f}"
     assert "{'total_s'" not in html and "'model_load_s'" not in html
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_every_parameter_line_parses_as_papermill_reads_it(path):
+    """papermill drops a parameter line it cannot parse from --help-notebook (a quote or '=' in
+    the comment), and warns on every run that passes it."""
+    from papermill.translators import PythonTranslator
+
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    source = "".join(cell["source"])
+    names = [line.split("=")[0].strip() for line in source.splitlines() if re.match(r"^[a-z_]+\s*=", line)]
+    assert [p.name for p in PythonTranslator.inspect({"source": source})] == names
