@@ -23,34 +23,49 @@ func roundTripFile(t *testing.T, f *safetensors.File) *safetensors.File {
 	return parsed
 }
 
+// stageCheckSame compresses src with spec and spec+suffix (an entropy stage:
+// LosslessSuffix or WireSuffix) and checks that the stage changes nothing of
+// the reconstruction, in memory and through a file, and grows no payload.
+func stageCheckSame(t *testing.T, src *safetensors.File, name, suffix string) (*Result, *Result, *Header) {
+	t.Helper()
+	plain, err := ParseSpec(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	coded, err := ParseSpec(name + suffix)
+	if err != nil || coded.Wire != (suffix == WireSuffix) || coded.Lossless != (suffix == LosslessSuffix) || coded.String() != plain.String()+suffix {
+		t.Fatalf("%q parses to %+v (%v)", name+suffix, coded, err)
+	}
+	a, err := Compress(src, Config{Spec: plain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Compress(src, Config{Spec: coded})
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, hdr, err := Decompress(roundTripFile(t, b.Compressed), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range back.Tensors {
+		if !bytes.Equal(back.Tensors[i].Data, a.Restored.Tensors[i].Data) || !bytes.Equal(b.Restored.Tensors[i].Data, a.Restored.Tensors[i].Data) {
+			t.Fatalf("%s: the stage changed the reconstruction", back.Tensors[i].Name)
+		}
+	}
+	if b.Report.CompressedSizeBytes > a.Report.CompressedSizeBytes {
+		t.Errorf("the stage grew the payload: %d > %d bytes", b.Report.CompressedSizeBytes, a.Report.CompressedSizeBytes)
+	}
+	return a, b, hdr
+}
+
 // The stage changes the file, never the reconstruction: every preset, with
 // and without it, decodes to the same bytes.
 func TestLosslessIsBitIdenticalForEveryPreset(t *testing.T) {
 	src := randomCache(21, 2, 3, 300, 64)
 	for _, name := range append(PresetNames(), "k=asym3/g16/channel/out0.01/res5,v=sym5/g32/rot") {
 		t.Run(name, func(t *testing.T) {
-			plain, _ := ParseSpec(name)
-			coded, err := ParseSpec(name + LosslessSuffix)
-			if err != nil || !coded.Lossless || coded.String() != plain.String()+LosslessSuffix {
-				t.Fatalf("%q parses to %+v (%v)", name+LosslessSuffix, coded, err)
-			}
-			a, err := Compress(src, Config{Spec: plain})
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := Compress(src, Config{Spec: coded})
-			if err != nil {
-				t.Fatal(err)
-			}
-			back, hdr, err := Decompress(roundTripFile(t, b.Compressed), 3)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range back.Tensors {
-				if !bytes.Equal(back.Tensors[i].Data, a.Restored.Tensors[i].Data) || !bytes.Equal(b.Restored.Tensors[i].Data, a.Restored.Tensors[i].Data) {
-					t.Fatalf("%s: the stage changed the reconstruction", back.Tensors[i].Name)
-				}
-			}
+			a, b, hdr := stageCheckSame(t, src, name, LosslessSuffix)
 			if len(hdr.Tensors[0].Lossless) == 0 || b.Report.Lossless == nil {
 				t.Fatal("no part was coded")
 			}

@@ -484,9 +484,7 @@ func wirePack(dst []byte, src []uint8, bits int) {
 		copy(dst, src)
 		return
 	case 4, 2: // Pack's kernels (AVX2 where there is), on the same bytes as int8 codes
-		if len(src) > 0 {
-			Pack(dst, unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(src))), len(src)), bits)
-		}
+		Pack(dst, asInt8(src), bits)
 		return
 	}
 	// Eight codes are bits whole bytes: a group at a time, then the rest.
@@ -502,22 +500,15 @@ func wirePack(dst []byte, src []uint8, bits int) {
 		}
 	}
 	src, dst = src[n8:], dst[n8/8*bits:]
-	var acc uint64
-	var nacc uint
-	j := 0
-	for _, s := range src {
-		acc |= uint64(s) << nacc
-		nacc += uint(bits)
-		for nacc >= 8 {
-			dst[j] = byte(acc)
-			j++
-			acc >>= 8
-			nacc -= 8
-		}
+	Pack(dst, asInt8(src), bits) // the last few: Pack's loop
+}
+
+// asInt8 is codes as Pack takes them, the same bytes.
+func asInt8(codes []uint8) []int8 {
+	if len(codes) == 0 {
+		return nil
 	}
-	if nacc > 0 {
-		dst[j] = byte(acc)
-	}
+	return unsafe.Slice((*int8)(unsafe.Pointer(unsafe.SliceData(codes))), len(codes))
 }
 
 // ---- the chunk coder ----

@@ -49,41 +49,6 @@ func wireCache(seed int64, dt safetensors.DType, layers, heads, seq, dim int) *s
 	return f
 }
 
-// wireCheckSame compresses src with spec and spec+wire and checks that the
-// stage changes nothing of the reconstruction, in memory and through a file.
-func wireCheckSame(t *testing.T, src *safetensors.File, name string) (*Result, *Result, *Header) {
-	t.Helper()
-	plain, err := ParseSpec(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	coded, err := ParseSpec(name + WireSuffix)
-	if err != nil || !coded.Wire || coded.Lossless || coded.String() != plain.String()+WireSuffix {
-		t.Fatalf("%q parses to %+v (%v)", name+WireSuffix, coded, err)
-	}
-	a, err := Compress(src, Config{Spec: plain})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := Compress(src, Config{Spec: coded})
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, hdr, err := Decompress(roundTripFile(t, b.Compressed), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range back.Tensors {
-		if !bytes.Equal(back.Tensors[i].Data, a.Restored.Tensors[i].Data) || !bytes.Equal(b.Restored.Tensors[i].Data, a.Restored.Tensors[i].Data) {
-			t.Fatalf("%s: the stage changed the reconstruction", back.Tensors[i].Name)
-		}
-	}
-	if b.Report.CompressedSizeBytes > a.Report.CompressedSizeBytes {
-		t.Errorf("the stage grew the payload: %d > %d bytes", b.Report.CompressedSizeBytes, a.Report.CompressedSizeBytes)
-	}
-	return a, b, hdr
-}
-
 // Every preset on every source dtype: the same reconstruction, and the
 // codes of every packed scheme wire-coded and smaller than the Huffman stage's.
 func TestWireIsBitIdenticalForEveryPreset(t *testing.T) {
@@ -91,7 +56,7 @@ func TestWireIsBitIdenticalForEveryPreset(t *testing.T) {
 		src := wireCache(31, dt, 2, 3, 300, 64)
 		for _, name := range append(PresetNames(), "k=asym3/g16/channel/out0.01/res5,v=sym5/g32/rot", "lm2/g32/rot/sp0.1", "sym2/g64") {
 			t.Run(string(dt)+"/"+name, func(t *testing.T) {
-				a, b, hdr := wireCheckSame(t, src, name)
+				a, b, hdr := stageCheckSame(t, src, name, WireSuffix)
 				spec, _ := ParseSpec(name)
 				packed := !spec.Key.Method.IsGGML()
 				for _, ti := range hdr.Tensors {
@@ -160,7 +125,7 @@ func TestWireShortEmptyAndConstant(t *testing.T) {
 						t.Skip("needs a 4-D tensor, a power-of-two head_dim to rotate")
 					}
 				}
-				wireCheckSame(t, c.src, name)
+				stageCheckSame(t, c.src, name, WireSuffix)
 			})
 		}
 	}
