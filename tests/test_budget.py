@@ -174,7 +174,8 @@ def test_cli_rejects_a_bad_budget_or_calibration(capsys):
 
     for argv, words in ((["--budget", "abc"], "budget 'abc'"), (["--budget", "0.5"], "outside [1, 16]"),
                         (["--calibration", "windows=x"], "not an integer"),
-                        (["--budget", "3", "--calibration", "candidates=int4+lossless"], "one scheme per role"),
+                        (["--budget", "3", "--calibration", "candidates=int4,k0=int8"], "one scheme per role"),
+                        (["--budget", "3", "--calibration", "candidates=int4+lossless|rot3"], "different entropy stages"),
                         (["--quick-test", "--sensitivity"], "need a model")):
         assert main(argv) == 2
         assert words in capsys.readouterr().err
@@ -233,6 +234,34 @@ def test_fast_measure_is_the_full_one_when_the_head_scores_every_token(tiny_llam
     with torch.no_grad():
         pricer.prepare(tiny_llama, windows[0])
         assert max(pricer.price(tiny_llama, windows[0], exact, 5, [exact[5]] * 2)) < 1e-6
+
+
+def test_a_budget_of_bytes_sent_prices_each_slot_with_the_wire_stage(calibrated, tmp_path):
+    """Candidates that all carry +wire: a slot's bytes are what the stage stores for it (tables
+    included), the reconstruction is the plain candidate's (so its cost is too), and the mix's
+    spec keeps the stage and stores exactly the chosen slots' bytes."""
+    windows, codecs, _, sens = calibrated
+    wired = resolve_candidates(tuple(c.spec + "+wire" for c in codecs))
+    ts, _ = cache_transforms(codecs + wired, tmp_path, "tiny")
+    w = windows[0]
+    per_slot = [[[0] * len(wired) for _ in range(2)] for _ in range(22)]
+    for j, (plain, coded) in enumerate(zip(codecs, wired)):
+        a, _ = ts[plain.name](w.context)
+        b, metrics = ts[coded.name](w.context)
+        assert all(torch.equal(x, y) for p, q in zip(cache_layers(a), cache_layers(b)) for x, y in zip(p, q))
+        sizes = {d["name"]: int(d["compressed_size_bytes"]) for d in metrics.tensors}
+        for la in range(22):
+            for r, role in enumerate(("key", "value")):
+                per_slot[la][r][j] = sizes[f"layer_{la}_{role}"]
+    s = Sensitivity(candidates=[c.spec for c in wired], names=[c.name for c in wired], kl=sens.kl,
+                    stored_bytes=per_slot, elements=[[k.numel(), v.numel()] for k, v in cache_layers(w.context)],
+                    calibration="random ids", targets=16)
+    assert s.bits(3, 0, 0) < sens.bits(3, 0, 0) * 1.0001  # the stage never grows a payload
+    a = allocate(s, 3.0)
+    mix = resolve_codec(a.spec)
+    assert a.spec.endswith("+wire") and mix.entropy_suffix == "+wire" and a.bits <= 3.0
+    _, metrics = cache_transforms([mix], tmp_path, "tiny")[0][mix.name](w.context)
+    assert metrics.compressed_size_bytes == sum(per_slot[la][r][a.choice[la][r]] for la in range(22) for r in range(2))
 
 
 def test_head_variants_replace_one_head_of_one_role():

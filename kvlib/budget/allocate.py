@@ -70,7 +70,8 @@ def solve(costs: list[list[float]], sizes: list[list[int]], capacity: int) -> tu
 
 def spec_of(s: Sensitivity, codecs: list[CodecConfig], choice: list[int]) -> CodecConfig:
     """The per-layer spec of a choice: each role's most common scheme as its default (the
-    cheaper on ties), the other slots as overrides; canonical, from the CLI."""
+    cheaper on ties), the other slots as overrides, then the candidates' entropy stage if any;
+    canonical, from the CLI."""
     defaults, overrides = [], []
     for r, role in enumerate(ROLES):
         schemes = [c.key if role == "key" else c.value for c in codecs]
@@ -79,7 +80,7 @@ def spec_of(s: Sensitivity, codecs: list[CodecConfig], choice: list[int]) -> Cod
         default = min(counts, key=lambda j: (-counts[j], s.bits(0, r, j), j))
         defaults.append(f"{role[0]}={schemes[default].spec}")
         overrides += [f"{role[0]}{layer}={schemes[j].spec}" for layer, j in enumerate(picks) if j != default]
-    return resolve_codec(",".join(defaults + overrides))
+    return resolve_codec(",".join(defaults + overrides) + codecs[0].entropy_suffix)
 
 
 def allocate(s: Sensitivity, budget: float) -> Allocation:

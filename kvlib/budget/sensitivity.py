@@ -277,12 +277,16 @@ def role_labels(names: list[str], candidates: list[str], role: int) -> list[str]
 
 
 def resolve_candidates(names: tuple[str, ...]) -> list[CodecConfig]:
-    """The candidates as codecs; each must be one scheme per role, without overrides or an entropy stage."""
+    """The candidates as codecs; each must be one scheme per role, without overrides. An entropy
+    stage (+wire, +lossless) is the whole mix's, so all carry the same one or none: then a slot's
+    bytes are what that stage stores for it (its tables included), the budget one of bytes sent."""
     out = [resolve_codec(n) for n in names]
     for c in out:
-        if c.layers or c.entropy_suffix:
-            raise ValueError(f"candidate {c.name}: a candidate is one scheme per role (no per-layer overrides, "
-                             "no +lossless or +wire)")
+        if c.layers:
+            raise ValueError(f"candidate {c.name}: a candidate is one scheme per role (no per-layer overrides)")
+    if len({c.entropy_suffix for c in out}) > 1:
+        raise ValueError("the candidates carry different entropy stages (" + ", ".join(c.name for c in out)
+                         + "): give all of them the same one, or none")
     if len({c.spec for c in out}) != len(out):
         raise ValueError("a candidate is listed twice: " + ", ".join(c.name for c in out))
     return out
