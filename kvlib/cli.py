@@ -25,6 +25,7 @@ from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
 from kvlib.gates import MIN_CI_UNITS
 from kvlib.runs.sweep import default_schemes, engine_mode, engine_schemes, run_sweep, write_json
+from kvlib.runs.transfer import TRANSFER_ENGINE, transfer_schemes
 from kvlib.runs.knobs import (boundary_check, cheapest_setting, format_sensitivity, make_knob,
                               print_boundary_check, print_search)
 from kvlib.runs.ruler import print_ruler, run_ruler_suite
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefix: the context compressed once, the scored tokens attend to their window exactly (the "
                    "KVQuant-style gate, default); write: every K and V quantized as written, inside the forward, as "
                    "engines do (llama.cpp, vLLM)")
+    p.add_argument("--transfer", action="store_true",
+                   help="the transfer view: LMCache's serdes and kvlib's presets with and without +wire (and any "
+                   "--scheme), as bytes on the wire per context token against quality, in prefix mode; the fewest "
+                   "bytes that pass")
     p.add_argument("--lossless", action="store_true", help="add kv-compress's lossless stage (smaller files, same results)")
     p.add_argument("--no-peers", action="store_true", help="in a sweep, leave out transformers' QuantizedCache peer")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -177,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.engine:  # the engine's menu; a serving engine's verdict is a write-mode number
             specs += engine_schemes(args.engine)
             args.no_peers = True
+        if args.transfer:  # a finished prefix's cache sent elsewhere: prefix mode
+            specs += [s for s in transfer_schemes(engine_schemes(TRANSFER_ENGINE)) if s not in specs]
         args.mode = args.mode or (engine_mode(args.engine) if args.engine else "prefix")
         codecs = [resolve_codec(x, bits=args.bits, group_size=args.group_size, sparsity=args.sparsity,
                                 lossless=args.lossless) for x in specs or [None]]
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                               peers=not args.no_peers, verbose=not args.quiet, checks=checks,
                               results=args.results, fresh=args.fresh, ray=args.ray, budget=budgets,
                               calibration=calibration, sensitivity=args.sensitivity, mode=args.mode,
-                              calibrate_scales=args.calibrated_scales or bool(args.engine))
+                              calibrate_scales=args.calibrated_scales or bool(args.engine), transfer=args.transfer)
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:

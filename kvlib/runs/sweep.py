@@ -25,6 +25,7 @@ import torch
 from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
 from kvlib.budget.scales import calibrated_scales
 from kvlib.runs.engines import engine_tables, print_engine_tables
+from kvlib.runs.transfer import print_transfer, transfer_table
 from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates, role_labels
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
@@ -126,6 +127,8 @@ class SweepResult:
     agreement: dict[str, Any] = field(default_factory=dict)  # AgreementResult.to_dict(), empty when not run
     budget: dict[str, Any] = field(default_factory=dict)  # BudgetResult.to_dict(), empty without a budget
     engines: dict[str, Any] = field(default_factory=dict)  # kvlib.runs.engines.engine_tables: per engine's menu
+    context_tokens: int = 0  # tokens of the compressed contexts, over the windows
+    transfer: dict[str, Any] = field(default_factory=dict)  # kvlib.runs.transfer.transfer_table, when asked
 
     def scheme(self, name: str) -> SchemeResult:
         for s in self.schemes:
@@ -339,6 +342,7 @@ def run_sweep(
     sensitivity: bool = False,
     mode: str = "prefix",
     calibrate_scales: bool = False,
+    transfer: bool = False,
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
@@ -360,10 +364,15 @@ def run_sweep(
 
     ``calibrate_scales``: each scheme of an engine format with a static per-tensor scale (vLLM's
     fp8) is also validated with the scales calibrated on the calibration windows
-    (kvlib.budget.scales), named ``SCHEME@calibrated``, beside its scale 1."""
+    (kvlib.budget.scales), named ``SCHEME@calibrated``, beside its scale 1.
+
+    ``transfer``: also the transfer view of the schemes (kvlib.runs.transfer: bytes on the wire
+    per context token against quality; prefix mode)."""
     t_start = time.perf_counter()
     check_mode(mode)
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
+    if transfer and mode != "prefix":
+        raise ValueError("the transfer view is of a finished prefix's cache sent elsewhere: prefix mode, not write")
     check_engine_modes(resolved, mode)
     budgets = budget if isinstance(budget, list) else parse_budgets(budget)
     cal_cfg = calibration if isinstance(calibration, CalibrationConfig) else CalibrationConfig.from_string(calibration or "")
@@ -427,7 +436,10 @@ def run_sweep(
         agreement=renamed(agreement.to_dict(), mixes) if agreement else {},
         budget=planned.to_dict() if planned else {},
         engines=engine_tables(schemes, mode),
+        context_tokens=sum(w.context_tokens for w in first.windows if w.compressed),
     )
+    if transfer:
+        result.transfer = transfer_table(schemes, result.context_tokens)
     if verbose:
         print_sweep(result)
     return result
@@ -568,6 +580,9 @@ def print_sweep(r: SweepResult) -> None:
         print(bar)
     if r.budget:
         print_budget(r.budget, {s.name: s.bits_per_element for s in r.schemes})
+    if r.transfer:
+        print_transfer(r.transfer)
+        print(bar)
 
 
 def print_budget(b: dict[str, Any], stored: dict[str, float] | None = None) -> None:
