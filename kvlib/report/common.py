@@ -125,7 +125,7 @@ def html_table(table_id: str, headers: list[str], rows: list[list[str]], wrap: t
     head = "".join(f'<th style="text-align:{"left" if i in wrap else "right"}">{html.escape(h)}</th>'
                    for i, h in enumerate(headers))
     body = "".join("<tr>" + "".join(
-        f'<td style="white-space:{"normal;text-align:left;min-width:14em" if i in wrap else "nowrap"}">{c}</td>'
+        f'<td style="white-space:{"normal;overflow-wrap:anywhere;text-align:left;min-width:14em" if i in wrap else "nowrap"}">{c}</td>'
         for i, c in enumerate(r)) + "</tr>" for r in rows)
     return HTML(f'<table id="{table_id}" style="font-size:12.5px"><thead><tr>{head}</tr></thead>'
                 f'<tbody>{body}</tbody></table>')
