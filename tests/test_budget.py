@@ -12,7 +12,7 @@ from kvlib.budget.allocate import allocate, solve
 from kvlib.cache.layout import cache_layers
 from kvlib.codec.spec import resolve_codec
 from kvlib.budget.heads import HeadSensitivity, head_variants, measure_heads
-from kvlib.budget.pricing import PRICERS, FastPricer, measure_sensitivity
+from kvlib.budget.pricing import PRICERS, FastPricer, measure_sensitivity, two_part_kl
 from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, resolve_candidates, score_variant)
 from kvlib.cache.layout import layout_of
 from kvlib.transforms.codec import cache_transforms
@@ -315,3 +315,25 @@ def test_head_costs_are_each_head_alone_and_spread_reads_them(tiny_llama, calibr
     made = HeadSensitivity("x", [[[1.0, 12.0], [2.0, 3.0]], [[0.0, 0.0], [0.0, 5.0]]], "c", 1, "full")
     assert made.spread(0, 0) == 12.0 and made.spread(1, 0) == 1.0 and made.spread(1, 1) == float("inf")
     assert made.spread_slots() == [(0, 0), (1, 1)] and made.share([(0, 0)]) == pytest.approx(13 / 23)
+
+
+def test_two_part_kl_is_the_kl_of_the_renormalised_variant_and_stays_finite():
+    """The fast measure's KL over (tokens, the rest) equals the definition on small changes, and a
+    variant that breaks the model (a logit moving by hundreds) gets a large finite cost, not inf
+    (Qwen2.5's layer-0 keys under rot3 came out as inf before)."""
+    torch.manual_seed(0)
+    p = torch.rand(3, 5, dtype=torch.float64)
+    p = p / p.sum(-1, keepdim=True) * 0.9
+    mass = torch.full((3,), 0.1, dtype=torch.float64)
+
+    def definition(d, shift):
+        full = torch.cat([p, mass.unsqueeze(-1)], -1)
+        logq = torch.cat([p.log() - d, (mass.log() + shift).unsqueeze(-1)], -1)
+        return (full * (full.log() - torch.log_softmax(logq, -1))).sum(-1)
+
+    d, shift = torch.randn(3, 5, dtype=torch.float64) * 0.01, torch.randn(3, dtype=torch.float64) * 0.01
+    assert torch.allclose(two_part_kl(p, d, mass, shift), definition(d, shift), rtol=1e-9)
+    d[1, 0], shift = -800.0, torch.tensor([800.0, 1.0, -900.0], dtype=torch.float64)
+    got = two_part_kl(p, d, mass, shift)
+    assert torch.isfinite(got).all() and got.min() > 50
+    assert torch.allclose(got, definition(d, shift), rtol=1e-9)

@@ -110,11 +110,19 @@ class FastPricer:
         else:
             d = (self._z - z).double()
             shift = torch.zeros(d.shape[:-1], dtype=torch.float64)
-        # KL over (tokens, the rest) with p the exact probabilities, in terms of the changes alone:
-        # sum p d - mass * shift + log(sum p e^-d + mass e^shift), and sum p + mass = 1.
-        kl = ((self._p * d).sum(-1) - self._mass * shift
-              + torch.log1p((self._p * torch.expm1(-d)).sum(-1) + self._mass * torch.expm1(shift)))
-        return [float(x) for x in kl.clamp_min(0).mean(-1)]
+        return [float(x) for x in two_part_kl(self._p, d, self._mass, shift).clamp_min(0).mean(-1)]
+
+
+def two_part_kl(p: torch.Tensor, d: torch.Tensor, mass: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """KL over (the tokens, the rest) per target, in terms of the changes alone: p the tokens'
+    exact probabilities, d their logits' fall (exact minus variant), mass the rest's probability,
+    shift its mean logit rise. sum p d - mass shift + log(sum p e^-d + mass e^shift), with
+    sum p + mass = 1: as log1p of the small changes (exact where they are tiny); where that
+    overflows (a variant that breaks the model), by log-sum-exp, large and finite."""
+    base = (p * d).sum(-1) - mass * shift
+    near = base + torch.log1p((p * torch.expm1(-d)).sum(-1) + mass * torch.expm1(shift))
+    far = base + torch.logsumexp(torch.cat([p.log() - d, (mass.log() + shift).unsqueeze(-1)], -1), -1)
+    return torch.where(torch.isfinite(near), near, far)
 
 
 PRICERS: dict[str, Callable[[], Any]] = {"full": FullPricer, "fast": FastPricer}
