@@ -298,7 +298,7 @@ def test_head_costs_are_each_head_alone_and_spread_reads_them(tiny_llama, calibr
     monkeypatch.setitem(PRICERS, "changed", Changed)
     with torch.no_grad():
         fake = measure_heads(tiny_llama, windows, codec, ts[codec.name], "random ids", measure="changed")
-        real = measure_heads(tiny_llama, windows, codec, ts[codec.name], "random ids")
+        real = measure_heads(tiny_llama, windows[:1], codec, ts[codec.name], "random ids")
         want = []
         for w in windows:
             exact = cache_layers(w.context)
@@ -306,7 +306,7 @@ def test_head_costs_are_each_head_alone_and_spread_reads_them(tiny_llama, calibr
             want.append([(exact[5][r][:, h] - recon[5][r][:, h]).abs().sum() * (1, 10)[r] + 5 for r in range(2) for h in range(4)])
     assert torch.allclose(torch.tensor(fake.kl[5]), torch.tensor(want).mean(0).view(2, 4).float(), rtol=1e-6)
     assert len(real.kl) == 22 and all(len(h) == 4 for layer in real.kl for h in layer)
-    assert real.forwards == 22 * 2 and real.candidate == codec.spec and real.measure == "fast"
+    assert real.forwards == 22 and real.candidate == codec.spec and real.measure == "fast"
     assert min(min(h) for layer in real.kl for h in layer) > 0
     # values: their heads add up to about the slot (the random model's key costs, ~1e-8 nats, are
     # below the fast measure's float32 floor; real models' are 1e-4 and up)
