@@ -45,6 +45,10 @@ def test_calibration_config_round_trips_and_rejects():
     assert CalibrationConfig.from_string(specs.to_string()) == specs  # a spec's commas survive the string form
     assert CalibrationConfig.from_string("candidates=lm2rot,rot3").candidates == ("lm2rot", "rot3")
     assert resolve_candidates(CalibrationConfig().candidates)  # the default set is valid
+    engines = resolve_candidates(("llama.cpp:q4_0", "vllm:fp8", "lm2rot"))  # engine formats are candidates too
+    assert [c.name for c in engines] == ["llama.cpp:q4_0", "vllm:fp8", "lm2rot"]
+    mixed = resolve_codec("k=llama.cpp:q4_0,v=lm2/g64/rot,k3=vllm:fp8,v2=llama.cpp:q8_0")  # a mix of them is a spec
+    assert mixed.scheme_for(3, "key") == engines[1].key and mixed.scheme_for(0, "key") == engines[0].key
     for bad in ("windows=0", "nope=1", "targets", "measure=guess"):
         with pytest.raises(ValueError):
             CalibrationConfig.from_string(bad)
