@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvlib.codec.spec import resolve_codec
-from kvlib.runs.knobs import (LlamaCppTypes, MeasuredSkips, VllmSkipLayers, boundary_check, cheapest_setting,
+from kvlib.runs.knobs import (print_search, LlamaCppTypes, MeasuredSkips, VllmSkipLayers, boundary_check, cheapest_setting,
                               layer_damage, levels, print_boundary_check)
 
 
@@ -23,7 +23,7 @@ def test_llamacpp_settings_are_every_pair_in_order_of_bits():
         resolve_codec(x.spec)  # every setting is a spec kv-compress takes
 
 
-def test_search_stops_at_the_first_level_with_a_robust_pass():
+def test_search_stops_at_the_first_level_with_a_robust_pass(capsys):
     ran: list[list[str]] = []
 
     def sweep(specs):
@@ -45,6 +45,14 @@ def test_search_stops_at_the_first_level_with_a_robust_pass():
     done = sum(len(g) for g in ran)
     assert done + found.untried == 49 and found.untried > 0 and len(found.rows) == done
     assert len(ran) == len([g for g in levels(LlamaCppTypes().settings()) if g[0].bits <= 6.5])
+    # bounded below the answer: nothing passes, and what was left out is counted and said
+    said: list[str] = []
+    bounded = cheapest_setting("llama.cpp", sweep, say=said.append, max_bits=5.0)
+    assert bounded.cheapest is None and all(r["bits_per_element"] == 6.5 for r in bounded.rows)
+    assert bounded.untried == 49 - len(bounded.rows) and bounded.max_bits == 5.0
+    assert any(line.startswith("  -ctk q4_0 -ctv q4_0: ") and line.endswith("FAIL") for line in said)
+    print_search(bounded)
+    assert f"passes robustly up to 5 bits/element ({bounded.untried} costlier settings not run)" in capsys.readouterr().out
 
 
 def test_search_names_the_engines_it_knows():
@@ -292,6 +300,8 @@ def test_boundary_check_prints_like_the_search(capsys):
     (["--engine", "llama.cpp", "--knobs", "--knob-format", "fp8"], "llama.cpp's knobs take no format"),
     (["--engine", "vllm", "--knobs", "--knob-format", "fp8", "--boundary-check"], "fp8 has no fixed rule"),
     (["--engine", "vllm", "--knob-format", "fp8"], "--knob-format and --boundary-check go with --engine vllm --knobs"),
+    (["--engine", "llama.cpp", "--max-bits", "8"], "--max-bits bounds a --knobs search"),
+    (["--engine", "llama.cpp", "--knobs", "--max-bits", "0"], "--max-bits 0: outside (0, 32]"),
 ])
 def test_cli_names_a_knob_or_format_that_does_not_exist(argv, message, capsys):
     from kvlib.cli import main

@@ -270,6 +270,7 @@ class KnobSearch:
     knob: str = ""  # which of the engine's knobs, where it has several (vLLM: the format's skipped layers)
     past: int = 0  # settings costlier than the answer's level that ran in its sweep (their rows are kept)
     threshold: float = PPL_DELTA_THRESHOLD  # the gate the sweeps judged by
+    max_bits: float = 16.0  # the search's bound: costlier settings are not run
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -296,8 +297,10 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
     equal bits a sweep (the knob's; one by default), until one passes robustly."""
     knob = make_knob(engine) if knob is None else knob
     name = engine
-    settings = [s for s in knob.settings() if s.bits <= max_bits]
-    found = KnobSearch(name, "write", knob=getattr(knob, "label", ""))
+    every = knob.settings()
+    settings = [s for s in every if s.bits <= max_bits]
+    found = KnobSearch(name, "write", knob=getattr(knob, "label", ""), max_bits=max_bits,
+                       untried=len(every) - len(settings))
     groups = levels(settings)
     step = max(1, int(getattr(knob, "per_sweep", 1)))
     for i in range(0, len(groups), step):
@@ -310,6 +313,9 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
         by_name = {s.name: s for s in result.schemes}
         rows = [_row(st, by_name[resolve_codec(st.spec).name]) for st in ran]
         found.rows.extend(rows)
+        for r in rows:  # as each sweep ends: a long search shows what it has found so far
+            say(f"  {r['flags']}: {r['bits_per_element']:.3f} bits, delta {r['context_delta']:+.4f} "
+                f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}], {_verdict(r)}")
         at = 0
         for j, g in enumerate(batch):
             ok = [row for row in rows[at:at + len(g)] if row["robust"]]
@@ -317,9 +323,13 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
             if ok:
                 found.cheapest = min(ok, key=lambda row: (row["bits_per_element"], row["context_delta"]))
                 found.past = len(ran) - at
-                found.untried = sum(len(g) for g in groups[i + len(batch):])
+                found.untried += sum(len(g) for g in groups[i + len(batch):])
                 return found
     return found
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    return "pass (robust)" if r["robust"] else "pass" if r["passed"] else "FAIL"
 
 
 def print_search(s: KnobSearch) -> None:
@@ -327,11 +337,11 @@ def print_search(s: KnobSearch) -> None:
     print(f"  {s.engine}{knob}: settings validated in {s.mode} mode, fewest bits first (gate {s.threshold:g})")
     width = max([28] + [len(r["flags"]) for r in s.rows])
     for r in s.rows:
-        verdict = "pass (robust)" if r["robust"] else "pass" if r["passed"] else "FAIL"
         print(f"    {r['flags']:{width}s} {r['bits_per_element']:6.3f} bits  delta {r['context_delta']:+.4f} "
-              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]  {verdict}")
+              f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]  {_verdict(r)}")
     if s.cheapest is None:
-        print(f"  no setting of {s.engine}'s passes robustly")
+        bound = f" up to {s.max_bits:g} bits/element ({s.untried} costlier settings not run)" if s.untried else ""
+        print(f"  no setting of {s.engine}'s passes robustly{bound}")
     else:
         past = f", {s.past} costlier ran in its sweep" if s.past else ""
         print(f"  cheapest that passes robustly: {s.cheapest['flags']} ({s.cheapest['bits_per_element']:.3f} bits/element; "
@@ -361,7 +371,7 @@ class BoundaryCheck:
 
 
 def boundary_check(knob: VllmSkipLayers, sweep: Callable[[list[str]], Any], say: Callable[..., None] = print,
-                   searched: KnobSearch | None = None) -> BoundaryCheck:
+                   searched: KnobSearch | None = None, max_bits: float = 16.0) -> BoundaryCheck:
     """Check ``knob``'s fixed rule against the measurement: rank every layer, validate "skip the k most
     damaging" over every layer fewest first (``MeasuredSkips``, the same search), and the rule's own
     setting (read from ``searched``, ``knob``'s own search, when it ran it; else one more sweep)."""
@@ -369,7 +379,7 @@ def boundary_check(knob: VllmSkipLayers, sweep: Callable[[list[str]], Any], say:
         raise ValueError(f"vllm format {knob.format!r} has no fixed rule (only TurboQuant presets skip layers of their own)")
     measured = MeasuredSkips(knob)
     rule, ranking = knob.rule(), measured.ranking()
-    search = cheapest_setting(knob.engine, sweep, say, knob=measured)
+    search = cheapest_setting(knob.engine, sweep, say, knob=measured, max_bits=max_bits)
     rows = search.rows + (searched.rows if searched is not None else [])
     rule_row = next((r for r in rows if r.get("skipped") == rule), None)
     if rule_row is None:
