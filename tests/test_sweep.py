@@ -129,6 +129,12 @@ def test_recommendation_is_the_cheapest_robust_scheme():
     b.spec, twin.spec = "sym4/g64", "sym4/g64+lossless"
     name, sentence = recommend([twin, a, b, c, d])
     assert name == "robust" and "To store or send it, robust+lossless takes 3.10 bits/element" in sentence
+    # Robust only with an entropy stage (a +wire mix): no pick for memory, and the sentence says which to send.
+    wired = _scheme("mix@2.667", 2.665, 0.138, 0.08, 0.2)
+    wired.spec = "k=sym4/g64/rot,v=lm2/g64/rot+wire"
+    name, sentence = recommend([wired, a, d])
+    assert name is None and "No scheme held in memory passes robustly; to store or send the cache, mix@2.667 does: " \
+        "2.67 bits/element" in sentence and "CI crosses" not in sentence
 
 
 def test_missing_peer_is_reported_and_the_sweep_goes_on(monkeypatch, cli):

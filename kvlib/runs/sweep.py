@@ -220,6 +220,13 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
     ok = [s for s in schemes if s.robust and not s.error and math.isfinite(s.bits_per_element)
           and not s.spec.endswith(ENTROPY_SUFFIXES)]
     if not ok:
+        coded = [s for s in schemes if s.robust and not s.error and s.spec.endswith(ENTROPY_SUFFIXES)]
+        if coded:  # robust only with an entropy stage: an answer for storing or sending, not for memory
+            c = min(coded, key=lambda s: (s.bits_per_element, s.context_delta))
+            return None, (f"No scheme held in memory passes robustly; to store or send the cache, {c.name} does: "
+                          f"{c.bits_per_element:.2f} bits/element ({c.compression_ratio:.2f}x smaller than FP16), "
+                          f"gated delta {c.context_delta:+.4f} (CI {c.ci_low:+.4f} to {c.ci_high:+.4f}); an "
+                          "entropy-coded cache cannot be attended to in place.")
         passing = [s.name for s in schemes if s.passed]
         if passing:
             why = (f"no CI: fewer than {MIN_CI_UNITS} windows with a compressed context" if all(
