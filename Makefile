@@ -36,7 +36,7 @@ SWEEP_WINDOWS ?= 6
 # make sweep's mixed schemes: bits per element (empty: none) and calibration settings (kvlib.budget.sensitivity).
 BUDGET      ?= 3.25,4.25
 CALIBRATION ?=
-# make sweep TRANSFER=1: the transfer view (LMCache's serdes, presets with and without +wire: bytes on the wire).
+# make sweep TRANSFER=1 (or true, yes): the transfer view (LMCache's serdes, presets with and without +wire: bytes on the wire).
 TRANSFER    ?=
 # make zoo: the same schemes on several models (zoo names, .gguf files, HF directories or ids).
 ZOO_MODELS  ?= smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b
@@ -162,7 +162,7 @@ sweep: setup
 	  -p model $(MODEL) -p corpus $(CORPUS) -r schemes "$(SCHEMES)" -p peers $(PEERS) -p stride $(STRIDE) \
 	  -r mode "$(if $(ENGINE),$(if $(filter command line,$(origin MODE)),$(MODE)),$(MODE))" -r engine "$(ENGINE)" \
 	  -p max_windows $(SWEEP_WINDOWS) -p device $(DEVICE) -r dtype $(DTYPE) $(CHECKS) -r budget "$(BUDGET)" \
-	  -r calibration "$(CALIBRATION)" $(if $(TRANSFER),-p transfer True) -p output_dir $(CURDIR)/$(REPORTS)
+	  -r calibration "$(CALIBRATION)" $(if $(filter 1 true True yes,$(TRANSFER)),-p transfer True) -p output_dir $(CURDIR)/$(REPORTS)
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/sweep.ipynb
 	@echo "Sweep: $(CURDIR)/$(REPORTS)/sweep.html (results: $(REPORTS)/sweep.json)"
 

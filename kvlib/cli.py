@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --engine vllm --knobs: the --kv-cache-dtype (fp8, nvfp4, int4_per_token_head, "
                    "turboquant_3bit_nc...; kv-compress schemes -engine vllm) whose fewest skipped layers are searched, "
                    "the layers ranked by their measured sensitivity (--calibration sets its windows)")
-    p.add_argument("--max-bits", type=float, default=16.0, metavar="BITS",
+    p.add_argument("--max-bits", type=float, default=None, metavar="BITS",
                    help="with --knobs: leave out settings that store more bits per element (a search that has found "
                    "nothing by then stops there; e.g. 8.5, q8_0's cost)")
     p.add_argument("--boundary-check", action="store_true",
@@ -177,10 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if (args.knob_format or args.boundary_check) and not args.knobs:
             raise ValueError("--knob-format and --boundary-check go with --engine vllm --knobs")
-        if args.max_bits != 16.0 and not args.knobs:
+        if args.max_bits is not None and not args.knobs:
             raise ValueError("--max-bits bounds a --knobs search: it goes with --engine E --knobs")
-        if not 0 < args.max_bits <= 32:
+        if args.max_bits is not None and not 0 < args.max_bits <= 32:
             raise ValueError(f"--max-bits {args.max_bits:g}: outside (0, 32]")
+        if args.transfer and (args.lossless or args.bits or args.group_size or args.sparsity):
+            raise ValueError("--transfer compares fixed schemes (each preset with and without +wire): drop --lossless, "
+                             "--bits, --group-size and --sparsity")
         if args.knobs:
             return search_knobs(args)
         specs = list(args.scheme or [])
@@ -285,11 +288,12 @@ def search_knobs(args: argparse.Namespace) -> int:
                          fresh=args.fresh, ray=args.ray, mode="write")
 
     say = (lambda *a, **k: None) if args.quiet else print
-    found = cheapest_setting(args.engine, sweep, say=say, knob=knob, max_bits=args.max_bits)
+    bound = 16.0 if args.max_bits is None else args.max_bits
+    found = cheapest_setting(args.engine, sweep, say=say, knob=knob, max_bits=bound)
     print_search(found)
     out = found.to_dict()
     if args.boundary_check:
-        check = boundary_check(knob, sweep, say=say, searched=found, max_bits=args.max_bits)
+        check = boundary_check(knob, sweep, say=say, searched=found, max_bits=bound)
         print_boundary_check(check)
         out["boundary_check"] = check.to_dict()
     if args.json:

@@ -51,6 +51,8 @@ def test_search_stops_at_the_first_level_with_a_robust_pass(capsys):
     assert bounded.cheapest is None and all(r["bits_per_element"] == 6.5 for r in bounded.rows)
     assert bounded.untried == 49 - len(bounded.rows) and bounded.max_bits == 5.0
     assert any(line.startswith("  -ctk q4_0 -ctv q4_0: ") and line.endswith("FAIL") for line in said)
+    with pytest.raises(ValueError, match="every setting of llama.cpp's knob stores more"):
+        cheapest_setting("llama.cpp", sweep, max_bits=1.0)
     print_search(bounded)
     assert f"passes robustly up to 5 bits/element ({bounded.untried} costlier settings not run)" in capsys.readouterr().out
 
@@ -302,6 +304,7 @@ def test_boundary_check_prints_like_the_search(capsys):
     (["--engine", "vllm", "--knob-format", "fp8"], "--knob-format and --boundary-check go with --engine vllm --knobs"),
     (["--engine", "llama.cpp", "--max-bits", "8"], "--max-bits bounds a --knobs search"),
     (["--engine", "llama.cpp", "--knobs", "--max-bits", "0"], "--max-bits 0: outside (0, 32]"),
+    (["--engine", "llama.cpp", "--max-bits", "16"], "--max-bits bounds a --knobs search"),
 ])
 def test_cli_names_a_knob_or_format_that_does_not_exist(argv, message, capsys):
     from kvlib.cli import main

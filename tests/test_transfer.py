@@ -60,9 +60,11 @@ def test_the_fewest_bytes_that_pass_robustly_win():
     assert c["codec_mb_s"] == pytest.approx(2000 / 1e6 / 2e-3)
 
 
-def test_the_view_is_refused_in_write_mode(capsys):
+def test_the_view_is_refused_in_write_mode_or_with_overrides(capsys):
     assert main(["--transfer", "--mode", "write", "--max-windows", "5"]) == 2
     assert "prefix mode" in capsys.readouterr().err
+    assert main(["--transfer", "--lossless"]) == 2
+    assert "--transfer compares fixed schemes" in capsys.readouterr().err
 
 
 def test_the_report_draws_and_tables_the_view(viewed):

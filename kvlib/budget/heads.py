@@ -2,8 +2,9 @@
 
 A per-head allocation only pays where a (layer, role) slot's heads differ by an order of magnitude.
 This prices each head alone: the exact cache with only that head of that slot replaced by a
-candidate's reconstruction, by the same measures as the slots (``kvlib.budget.pricing``), so the
-heads of a slot add up to about the slot's own cost (exactly to first order, as small KLs do).
+candidate's reconstruction, by the same measures as the slots (``kvlib.budget.pricing``). The heads
+of a slot add up to about the slot's own cost, not exactly: the KL is quadratic in the change, and
+heads' cross terms are of the same order (Qwen2.5's layer-0 keys: 0.066 + 0.087 alone, 0.663 together).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ import matplotlib.pyplot as plt
 
 from kvlib.report.common import Figure, as_number
 from kvlib.runs.sweep import SweepResult
+from kvlib.runs.transfer import TRANSFER_ENGINE
 
-SERDE_COLOR, PLAIN_COLOR, WIRE_COLOR = "#8250df", "#57606a", "#1a7f37"
+SERDE_COLOR, PLAIN_COLOR, WIRE_COLOR, PEER_COLOR = "#8250df", "#57606a", "#1a7f37", "#bc4c00"
 BOLD = ' style="font-weight:bold"'  # the answer's row
 
 
@@ -25,7 +26,9 @@ def _view(result: SweepResult | dict[str, Any]) -> dict[str, Any]:
 
 
 def _kind(row: dict[str, Any]) -> str:
-    return "serde" if ":" in row["scheme"] else "wire" if row["wire"] else "plain"
+    if row.get("kind") == "peer":
+        return "peer"
+    return "serde" if row["scheme"].startswith(TRANSFER_ENGINE + ":") else "wire" if row["wire"] else "plain"
 
 
 def transfer_table(result: SweepResult | dict[str, Any]):
@@ -69,8 +72,9 @@ def plot_transfer(result: SweepResult | dict[str, Any]) -> Figure | None:
     if not t.get("rows"):
         return None
     fig, ax = plt.subplots(figsize=(12.5, 6), constrained_layout=True)
-    colors = {"serde": SERDE_COLOR, "plain": PLAIN_COLOR, "wire": WIRE_COLOR}
-    labels = {"serde": "LMCache serde", "plain": "kvlib preset", "wire": "kvlib preset +wire"}
+    colors = {"serde": SERDE_COLOR, "plain": PLAIN_COLOR, "wire": WIRE_COLOR, "peer": PEER_COLOR}
+    labels = {"serde": "LMCache serde", "plain": "kvlib scheme", "wire": "kvlib scheme +wire",
+              "peer": "transformers' QuantizedCache"}
     seen = set()
     for r in t["rows"]:
         k = _kind(r)

@@ -299,6 +299,9 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
     name = engine
     every = knob.settings()
     settings = [s for s in every if s.bits <= max_bits]
+    if not settings:
+        raise ValueError(f"--max-bits {max_bits:g}: every setting of {engine}'s knob stores more "
+                         f"(the cheapest {min(s.bits for s in every):g} bits/element)")
     found = KnobSearch(name, "write", knob=getattr(knob, "label", ""), max_bits=max_bits,
                        untried=len(every) - len(settings))
     groups = levels(settings)

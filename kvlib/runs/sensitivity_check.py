@@ -11,7 +11,6 @@ default candidates; both measures run on the same exact windows and the same rec
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from kvlib.budget.pricing import measure_sensitivity
 from kvlib.budget.sensitivity import ROLES, CalibrationConfig, Sensitivity, calibration_window, resolve_candidates
 from kvlib.models import corpus as corpora
 from kvlib.models.sources import load_model_and_tokenizer
+from kvlib.runs.sweep import write_json
 from kvlib.scoring.stats import spearman
 from kvlib.transforms.codec import cache_transforms
 
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     (print_spread if a.heads else print_comparison)(r)
     if a.json:
-        Path(a.json).write_text(json.dumps(r, indent=1) + "\n")
+        write_json(r, a.json)  # an infinite spread (a head that costs nothing) as null
     return 0
 
 

@@ -127,7 +127,7 @@ class SweepResult:
     agreement: dict[str, Any] = field(default_factory=dict)  # AgreementResult.to_dict(), empty when not run
     budget: dict[str, Any] = field(default_factory=dict)  # BudgetResult.to_dict(), empty without a budget
     engines: dict[str, Any] = field(default_factory=dict)  # kvlib.runs.engines.engine_tables: per engine's menu
-    context_tokens: int = 0  # tokens of the compressed contexts, over the windows
+    context_tokens: int = 0  # tokens of the compressed contexts over the windows (prefix mode; write mode: the windows' contexts)
     transfer: dict[str, Any] = field(default_factory=dict)  # kvlib.runs.transfer.transfer_table, when asked
 
     def scheme(self, name: str) -> SchemeResult:
@@ -220,7 +220,8 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
     ok = [s for s in schemes if s.robust and not s.error and math.isfinite(s.bits_per_element)
           and not s.spec.endswith(ENTROPY_SUFFIXES)]
     if not ok:
-        coded = [s for s in schemes if s.robust and not s.error and s.spec.endswith(ENTROPY_SUFFIXES)]
+        coded = [s for s in schemes if s.robust and not s.error and math.isfinite(s.bits_per_element)
+                 and s.spec.endswith(ENTROPY_SUFFIXES)]
         if coded:  # robust only with an entropy stage: an answer for storing or sending, not for memory
             c = min(coded, key=lambda s: (s.bits_per_element, s.context_delta))
             return None, (f"No scheme held in memory passes robustly; to store or send the cache, {c.name} does: "

@@ -41,7 +41,8 @@ def transfer_table(schemes: list[Any], context_tokens: int) -> dict[str, Any]:
             continue
         ms = float(comp.get("codec_time_ms") or 0.0)
         rows.append({
-            "scheme": s.name, "spec": s.spec, "wire": resolve_codec(s.spec).wire if s.kind != "peer" else False,
+            "scheme": s.name, "spec": s.spec, "kind": s.kind,
+            "wire": resolve_codec(s.spec).wire if s.kind != "peer" else False,
             "bytes_per_token": sent / context_tokens, "fp16_bytes_per_token": fp16 / context_tokens,
             "times_smaller": fp16 / sent, "bits_per_element": s.bits_per_element,
             "context_delta": s.context_delta, "ci_low": s.ci_low, "ci_high": s.ci_high, "kld_mean": s.kld_mean,
