@@ -282,7 +282,11 @@ def levels(settings: list[Setting]) -> list[list[Setting]]:
 
 
 def _row(st: Setting, r: Any) -> dict[str, Any]:
-    row = {"flags": st.flags, "spec": st.spec, "bits_per_element": r.bits_per_element,
+    """A validated setting: its bits as the engine stores them (a layer vLLM skips keeps the model's
+    16-bit dtype), what kvlib's reconstruction stored (a skipped layer in the source dtype: 32 bits
+    on a float32 CPU run), and the quality."""
+    row = {"flags": st.flags, "spec": st.spec, "bits_per_element": st.bits,
+           "stored_bits_per_element": r.bits_per_element,
            "context_delta": r.context_delta, "ci_low": r.ci_low, "ci_high": r.ci_high,
            "kld_mean": r.kld_mean, "robust": r.robust, "passed": r.passed}
     if st.skipped is not None:
