@@ -11,7 +11,7 @@ import torch
 from kvlib.budget.allocate import allocate, solve
 from kvlib.cache.layout import cache_layers
 from kvlib.codec.spec import resolve_codec
-from kvlib.budget.heads import HeadSensitivity, head_variants, measure_heads
+from kvlib.budget.heads import HeadSensitivity, head_variants, measure_heads, per_head_estimate
 from kvlib.budget.pricing import PRICERS, FastPricer, measure_sensitivity, two_part_kl
 from kvlib.budget.sensitivity import (CalibrationConfig, Sensitivity, calibration_window, measure_mix, resolve_candidates, score_variant)
 from kvlib.cache.layout import layout_of
@@ -341,3 +341,25 @@ def test_two_part_kl_is_the_kl_of_the_renormalised_variant_and_stays_finite():
     got = two_part_kl(p, d, mass, shift)
     assert torch.isfinite(got).all() and got.min() > 50
     assert torch.allclose(got, definition(d, shift), rtol=1e-9)
+
+
+def test_per_head_estimate_never_costs_more_than_the_slot_plan():
+    """Heads free to differ within a slot can always take the slot's choice (their bytes, floor
+    shares, add up to at most the slot's), so the per-head plan's KL is at most the slot plan's;
+    with one head per slot the two are the same knapsack."""
+    rng = random.Random(5)
+    layers, cands = 6, 3
+    kl = [[sorted((rng.random() for _ in range(cands)), reverse=True) for _ in range(2)] for _ in range(layers)]
+    nbytes = [[[1000 * (c + 2) for c in range(cands)] for _ in range(2)] for _ in range(layers)]
+    s = Sensitivity(candidates=["a", "b", "c"], names=["a", "b", "c"], kl=kl, stored_bytes=nbytes,
+                    elements=[[2000, 2000] for _ in range(layers)], calibration="x", targets=1)
+    one = HeadSensitivity("a", [[[1.0], [1.0]] for _ in range(layers)], "x", 1, "fast")
+    three = HeadSensitivity("a", [[[rng.random() for _ in range(3)] for _ in range(2)] for _ in range(layers)], "x", 1, "fast")
+    for budget in (10.0, 12.0, 14.0):
+        slots, heads = per_head_estimate(s, one, budget, scale=1)
+        assert heads == pytest.approx(slots)
+        slots, heads = per_head_estimate(s, three, budget, scale=1)
+        assert heads <= slots + 1e-12
+    assert per_head_estimate(s, three, 12.0, scale=1)[1] < per_head_estimate(s, three, 12.0, scale=1)[0]
+    with pytest.raises(ValueError, match="below the cheapest"):
+        per_head_estimate(s, three, 1.0)

@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 
+from kvlib.budget.allocate import solve
 from kvlib.budget.pricing import PRICERS, KV
-from kvlib.budget.sensitivity import ROLES, CalibrationWindow, reconstructions
+from kvlib.budget.sensitivity import ROLES, CalibrationWindow, Sensitivity, reconstructions
 from kvlib.cache.layout import cache_layers
 from kvlib.codec.spec import CodecConfig
 
@@ -96,3 +97,28 @@ def measure_heads(model: Any, windows: list[CalibrationWindow], codec: CodecConf
     return HeadSensitivity(candidate=codec.spec, kl=kl, calibration=calibration,
                            targets=sum(w.logp.shape[0] for w in windows), measure=measure,
                            seconds=time.perf_counter() - t0, forwards=pricer.forwards)
+
+
+def per_head_estimate(s: Sensitivity, heads: HeadSensitivity, budget: float, scale: int = 16) -> tuple[float, float]:
+    """What a per-head allocation would buy at ``budget`` bits per element, estimated: (the slot
+    allocation's predicted KL, the per-head one's). A head's cost under a candidate is taken as
+    its slot's times the head's share of the slot under ``heads.candidate``; its bytes, a 1/H
+    share of the slot's; both knapsacks exact, sizes in units of ``scale`` bytes."""
+    elements = sum(s.elements[layer][r] for layer in range(s.num_layers) for r in range(len(ROLES)))
+    capacity = math.floor(budget * elements / 8 / scale)
+    slot_costs, slot_sizes, head_costs, head_sizes = [], [], [], []
+    for layer in range(s.num_layers):
+        for r in range(len(ROLES)):
+            kl, nbytes = s.kl[layer][r], s.stored_bytes[layer][r]
+            slot_costs.append(kl)
+            slot_sizes.append([b // scale for b in nbytes])
+            shares = heads.kl[layer][r]
+            total = sum(shares)
+            for h in shares:
+                share = h / total if total > 0 else 1 / len(shares)
+                head_costs.append([c * share for c in kl])
+                head_sizes.append([b // len(shares) // scale for b in nbytes])
+    slots, per_head = solve(slot_costs, slot_sizes, capacity), solve(head_costs, head_sizes, capacity)
+    if slots is None or per_head is None:
+        raise ValueError(f"budget {budget} bits/element is below the cheapest candidates'")
+    return slots[1], per_head[1]

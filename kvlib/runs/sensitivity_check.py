@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvlib.budget.allocate import allocate
-from kvlib.budget.heads import SPREAD, measure_heads
+from kvlib.budget.heads import SPREAD, measure_heads, per_head_estimate
 from kvlib.budget.pricing import measure_sensitivity
 from kvlib.budget.sensitivity import ROLES, CalibrationConfig, Sensitivity, calibration_window, resolve_candidates
 from kvlib.models import corpus as corpora
@@ -79,19 +79,26 @@ def compare(model_name: str, budgets: tuple[float, ...] = (2.5, 3.25, 4.25), len
 
 
 def head_spread(model_name: str, candidate: str, length: int = 2048, stride: int = 512,
-                cfg: CalibrationConfig = CalibrationConfig()) -> dict[str, Any]:
+                cfg: CalibrationConfig = CalibrationConfig(), budgets: tuple[float, ...] = ()) -> dict[str, Any]:
     """Each KV head of each slot priced alone under ``candidate`` (the fast measure): which slots'
-    heads differ by an order of magnitude, and what share of the cost they hold."""
+    heads differ by an order of magnitude, and what share of the cost they hold; with ``budgets``,
+    the slots priced under the calibration's candidates too, and what a per-head allocation would
+    buy at each budget, estimated (``per_head_estimate``)."""
     model, windows, context = calibrate(model_name, cfg, length, stride)
     codec = resolve_candidates((candidate,))[0]
+    codecs = resolve_candidates(cfg.candidates) if budgets else []
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="kvlib-sensitivity-") as tmp:
-        ts, _ = cache_transforms([codec], Path(tmp), model_name)
+        ts, _ = cache_transforms([codec] + [c for c in codecs if c.name != codec.name], Path(tmp), model_name)
         heads = measure_heads(model, windows, codec, ts[codec.name], "embedded", measure=cfg.measure)
+        slots = measure_sensitivity(model, windows, codecs, ts, "embedded", measure=cfg.measure) if budgets else None
     wide = heads.spread_slots(SPREAD)
+    estimates = [dict(zip(("budget", "slot_kl", "per_head_kl"), (b, *per_head_estimate(slots, heads, b))))
+                 for b in budgets]
     return {"model": model_name, "candidate": codec.name, "context": context, "windows": cfg.windows,
             "heads": heads.to_dict(), "threshold": SPREAD, "spread_slots": wide, "spread_share": heads.share(wide),
             "slots": sum(1 for layer in heads.kl for h in layer if len(h) > 1),
-            "spreads": [[heads.spread(la, r) for r in range(len(ROLES))] for la in range(len(heads.kl))]}
+            "spreads": [[heads.spread(la, r) for r in range(len(ROLES))] for la in range(len(heads.kl))],
+            "estimates": estimates}
 
 
 def print_spread(r: dict[str, Any]) -> None:
@@ -107,6 +114,9 @@ def print_spread(r: dict[str, Any]) -> None:
             print(f"  {la:5d}  {ROLES[ro]:5s}  {r['spreads'][la][ro]:23.1f}  " + " ".join(f"{c:.2e}" for c in costs))
     print(f"  {len(r['spread_slots'])} of {r['slots']} slots have heads {r['threshold']:g}x apart or more, holding "
           f"{100 * r['spread_share']:.1f} % of the cost")
+    for e in r["estimates"]:
+        print(f"  budget {e['budget']:g}: predicted KL {e['slot_kl']:.4f} with a scheme per slot, {e['per_head_kl']:.4f} "
+              f"per head (estimated: a head's share of its slot as under {r['candidate']})")
 
 
 def print_comparison(r: dict[str, Any]) -> None:
@@ -131,11 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", default="", help="windows=, targets=, candidates= (the sweep's form)")
     ap.add_argument("--heads", default=None, metavar="CANDIDATE",
                     help="instead: price each KV head alone under CANDIDATE and print how far a slot's heads differ")
+    ap.add_argument("--estimate", default="", metavar="BUDGETS",
+                    help="with --heads: also what a per-head allocation would buy at these bits per element, estimated")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     try:
         cfg = CalibrationConfig.from_string(a.calibration)
-        r = head_spread(a.model, a.heads, cfg=cfg) if a.heads else compare(a.model, cfg=cfg)
+        budgets = tuple(float(x) for x in a.estimate.split(",") if x.strip()) if a.estimate else ()
+        r = head_spread(a.model, a.heads, cfg=cfg, budgets=budgets) if a.heads else compare(a.model, cfg=cfg)
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"sensitivity-check: error: {e}", file=sys.stderr)
         return 2
