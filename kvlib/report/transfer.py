@@ -9,7 +9,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
-from kvlib.report.common import Figure, as_number
+from kvlib.report.common import Figure, as_number, fmt
 from kvlib.runs.sweep import SweepResult
 from kvlib.runs.transfer import TRANSFER_ENGINE
 
@@ -43,8 +43,8 @@ def transfer_table(result: SweepResult | dict[str, Any]):
         f"<tr{BOLD if r['scheme'] == t['fewest'] else ''}><th style='text-align:left'>"
         f"{html.escape(r['scheme'])}</th><td>{r['bytes_per_token']:.1f}</td><td>{r['times_smaller']:.2f}×</td>"
         f"<td>{r['bits_per_element']:.3f}</td><td>{r['context_delta']:+.4f}</td>"
-        f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{r['kld_mean']:.5f}</td>"
-        f"<td>{r['top1_agreement']:.1f}%</td><td>{_speed(r['codec_mb_s'])}</td>"
+        f"<td>[{fmt(r['ci_low'], '+.4f')}, {fmt(r['ci_high'], '+.4f')}]</td><td>{r['kld_mean']:.5f}</td>"
+        f"<td>{r['top1_agreement']:.1f}%</td><td>{fmt(r['codec_mb_s'], '.0f')}</td>"
         f"<td style='text-align:left'>{html.escape(r['verdict'])}</td></tr>" for r in t["rows"])
     best = next((r for r in t["rows"] if r["scheme"] == t["fewest"]), None)
     answer = (f"<b>{html.escape(best['scheme'])}</b>: {best['bytes_per_token']:.1f} bytes per context token, "
@@ -54,15 +54,6 @@ def transfer_table(result: SweepResult | dict[str, Any]):
                 f"<th>bytes/token</th><th>vs FP16</th><th>bits/el</th><th>Δ gated</th><th>CI</th><th>KLD</th><th>top-1</th>"
                 f"<th>codec MB/s</th><th style='text-align:left'>verdict</th></tr></thead><tbody>{rows}</tbody></table>"
                 f"<p>Fewest bytes on the wire that pass robustly: {answer}.</p>")
-
-
-def _fmt(v: Any) -> str:
-    v = as_number(v)
-    return "n/a" if not math.isfinite(v) else f"{v:+.4f}"
-
-
-def _speed(v: Any) -> str:
-    return "–" if v is None else f"{v:.0f}"
 
 
 def plot_transfer(result: SweepResult | dict[str, Any]) -> Figure | None:
