@@ -167,6 +167,9 @@ def test_decoding_batches_keep_the_layout(tiny):
     for i, c in enumerate(caches):
         assert layout_of(stack_caches([c])) == layout_of(c)
         assert both[i].tolist() == greedy_continue(model, stack_caches([c]), last[i:i + 1], 4)[0].tolist()
+    roomy = stack_caches(caches, reserve=4)  # full layers append in place, sliding ones keep their window
+    assert layout_of(roomy) == layout_of(stack_caches(caches))
+    assert torch.equal(greedy_continue(model, roomy, last, 4), both)
 
 
 @pytest.mark.parametrize("model_type,kw,layer", [

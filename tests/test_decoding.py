@@ -16,7 +16,7 @@ from kvlib.transforms.codec import CLICacheRoundtrip
 from kvlib.cache.layout import cache_layers, make_cache
 from kvlib.codec.spec import resolve_codec
 from kvlib.checks.decoding import DecodingChecks
-from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
+from kvlib.scoring.generate import greedy_answers, greedy_continue, prefill, stack_caches, stack_padded
 from kvlib.checks.retrieval import RetrievalConfig, build_haystack, build_haystacks, run_retrieval
 
 # The embedded model finds all 6 keys, each within 6 answer tokens (a space and five digits).
@@ -194,6 +194,64 @@ def test_batched_rows_decode_as_they_would_alone(smol):
     assert cache_layers(caches[0])[0][0].shape[2] == 39  # the inputs were not grown by decoding
     with pytest.raises(ValueError, match="different lengths"):
         stack_caches([caches[0], prefill(lm, [1, 2])])
+
+
+def _logits(lm, cache, question, steps):
+    """Every step's logits of a greedy decode (what in-place appending must not change)."""
+    x, out = question, []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = lm(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            out.append(logits)
+            x = logits.argmax(-1, keepdim=True)
+    return torch.stack(out)
+
+
+def test_appending_in_place_decodes_as_concatenating(tiny_llama):
+    """A batch with room appends into its buffers (no copy of the cache per token) and yields the
+    very logits of DynamicLayer's concatenation; running out of room regrows it."""
+    ids = torch.randint(3, 64, (2, 40), generator=torch.Generator().manual_seed(1))
+    caches = [prefill(tiny_llama, row.tolist()) for row in ids]
+    q = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    plain = _logits(tiny_llama, stack_caches(caches), q, 6)
+    roomy = stack_caches(caches, reserve=8)
+    assert type(roomy.layers[0]).__name__ == "AppendLayer"
+    where = roomy.layers[0].keys.data_ptr()
+    assert torch.equal(_logits(tiny_llama, roomy, q, 6), plain)
+    assert roomy.layers[0].keys.data_ptr() == where and roomy.get_seq_length() == 40 + 3 + 5
+    tight = stack_caches(caches, reserve=2)  # too little room: the buffers are made again, same numbers
+    assert torch.equal(_logits(tiny_llama, tight, q, 6), plain)
+
+
+def test_rows_leave_the_batch_in_place(tiny_llama):
+    """Keeping some rows of an appending batch moves them to the front of the same buffers."""
+    caches = [prefill(tiny_llama, list(range(3 + i, 33 + i))) for i in range(3)]
+    batch = stack_caches(caches, reserve=4)
+    layer = batch.layers[2]
+    before, where = layer.keys.clone(), layer.keys.data_ptr()
+    batch.batch_select_indices(torch.tensor([0, 2]))
+    assert layer.keys.data_ptr() == where and torch.equal(layer.keys, before[[0, 2]])
+    batch.batch_select_indices(torch.tensor([1, 0]))  # not increasing: copied as DynamicLayer does
+    assert torch.equal(layer.keys, before[[2, 0]])
+
+
+def test_padded_rows_answer_as_each_alone(tiny_llama):
+    """Caches of different lengths (an eviction's beside the exact one) decode as one left-padded
+    batch, each row over its own tokens; rows that end leave the batch, the others go on as alone."""
+    ids = torch.randint(3, 64, (50,), generator=torch.Generator().manual_seed(2)).tolist()
+    full = prefill(tiny_llama, ids)
+    short = make_cache([(k[:, :, -20:].clone(), v[:, :, -20:].clone()) for k, v in cache_layers(full)])
+    q = [11, 12, 13]
+    alone = [greedy_answers(tiny_llama, stack_caches([c]), q, 8, len(ids)) for c in (full, short, full)]
+    batch, mask = stack_padded([full, short, full], reserve=11)
+    assert mask.sum(1).tolist() == [50, 20, 50] and mask[1, :30].sum() == 0
+    assert greedy_answers(tiny_llama, batch, q, 8, len(ids), mask=mask) == [a[0] for a in alone]
+    # A row that ends early (its second token is a stop token) leaves; the rest answer as alone.
+    stop = (alone[1][0][1],)
+    want = [greedy_answers(tiny_llama, stack_caches([c]), q, 8, len(ids), stop)[0] for c in (full, short)]
+    batch, mask = stack_padded([full, short], reserve=11)
+    assert greedy_answers(tiny_llama, batch, q, 8, len(ids), stop, mask=mask) == want
+    assert len(want[1]) <= 2
 
 
 def test_report_figures_state_their_numbers(identity_and_zeroed):

@@ -117,13 +117,97 @@ def layout_of(cache: Any) -> CacheLayout:
     return CacheLayout(tuple(windows), seen)
 
 
-def make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], layout: CacheLayout | None = None) -> DynamicCache:
+class AppendLayer(DynamicLayer):
+    """A full-attention layer that appends in place: its keys and values are the filled prefix of
+    buffers with room for ``reserve`` more tokens, so decoding writes each new token once instead
+    of copying the whole cache per step (``DynamicLayer.update`` concatenates). The same tensors
+    reach attention; the buffers are (re)made only when the room runs out or the prefix was
+    replaced (``batch_select_indices``)."""
+
+    def __init__(self, reserve: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reserve = int(reserve)
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _room(self, n: int, t: int) -> bool:
+        if self._buffers is None:
+            return False
+        kb, vb = self._buffers
+        return (n + t <= kb.shape[-2] and self.keys.data_ptr() == kb.data_ptr()
+                and self.values.data_ptr() == vb.data_ptr() and self.keys.shape[:2] == kb.shape[:2])
+
+    def hold(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold ``keys`` and ``values`` [B, H, n, D]; when they are the first n tokens of larger
+        buffers [B, H, cap, D] (``room_for``), appending writes into those buffers."""
+        self.lazy_initialization(keys, values)
+        self.keys, self.values = keys, values
+        bufs = [_whole(t) for t in (keys, values)]
+        self._buffers = (bufs[0], bufs[1]) if bufs[0] is not None and bufs[1] is not None else None
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` (increasing), moved to the front of the same buffers: no new
+        allocation, and rows already in place are not copied."""
+        n = self.keys.shape[-2] if self.is_initialized and self.keys.numel() else 0
+        if n == 0 or self._buffers is None or not self._room(n, 0):
+            return super().batch_select_indices(indices)
+        rows = [int(i) for i in indices.tolist()]
+        if any(b <= a for a, b in zip(rows, rows[1:])):
+            return super().batch_select_indices(indices)
+        kb, vb = self._buffers
+        for j, r in enumerate(rows):
+            if j != r:
+                kb[j, :, :n], vb[j, :, :n] = kb[r, :, :n], vb[r, :, :n]
+        self._buffers = (kb[:len(rows)], vb[:len(rows)])
+        self.keys, self.values = self._buffers[0][:, :, :n], self._buffers[1][:, :, :n]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.keys.shape[-2] if self.keys.numel() else 0
+        t = key_states.shape[-2]
+        if not self._room(n, t):
+            cap = n + t + self.reserve
+            kb = key_states.new_empty((*key_states.shape[:2], cap, key_states.shape[-1]))
+            vb = value_states.new_empty((*value_states.shape[:2], cap, value_states.shape[-1]))
+            if n:
+                kb[:, :, :n], vb[:, :, :n] = self.keys, self.values
+            self._buffers = (kb, vb)
+        kb, vb = self._buffers  # type: ignore[misc]
+        kb[:, :, n:n + t], vb[:, :, n:n + t] = key_states, value_states
+        self.keys, self.values = kb[:, :, :n + t], vb[:, :, :n + t]
+        return self.keys, self.values
+
+
+def room_for(like: torch.Tensor, rows: int, tokens: int, reserve: int) -> torch.Tensor:
+    """A [rows, H, tokens, D] tensor shaped like ``like`` whose storage has room for ``reserve``
+    more tokens, which an ``AppendLayer`` holding it appends into without copying."""
+    buf = like.new_empty((rows, like.shape[1], tokens + reserve, like.shape[3]))
+    return buf[:, :, :tokens]
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor | None:
+    """The buffer [B, H, cap, D] that ``t`` [B, H, n, D] is the first n tokens of, if it is one."""
+    b, h, n, d = t.shape
+    if t.stride(3) != 1 or t.stride(2) != d or t.stride(1) % d or t.storage_offset() != 0:
+        return None
+    cap = t.stride(1) // d
+    if cap < n or t.stride(0) != h * cap * d or t.untyped_storage().nbytes() < b * h * cap * d * t.element_size():
+        return None
+    return t.as_strided((b, h, cap, d), (h * cap * d, cap * d, d, 1))
+
+
+def make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], layout: CacheLayout | None = None,
+               reserve: int = 0) -> DynamicCache:
     """A cache holding the given (key, value) tensors, in ``layout`` (default: all full attention).
 
     A sliding layer's tensors must hold what it stores (``layout.stored(i)`` tokens);
     it counts ``layout.seen`` tokens, so the next forward masks and positions as the
-    model's own cache would."""
+    model's own cache would. ``reserve`` > 0: full-attention layers append in place
+    (``AppendLayer``), with room for that many tokens past the first ones fed."""
     cache = DynamicCache()
+    if layout is None and reserve:
+        layout = CacheLayout((FULL,) * len(layers), int(layers[0][0].shape[2]) if layers else 0)
     if layout is None:
         for i, (k, v) in enumerate(layers):
             cache.update(k, v, i)
@@ -135,9 +219,13 @@ def make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], layout: CacheLay
         if k.shape[2] != layout.stored(i) or v.shape[2] != k.shape[2]:
             raise ValueError(f"layer {i}: {k.shape[2]} key / {v.shape[2]} value tokens, its layout stores "
                              f"{layout.stored(i)} (window {w or 'full'}, {layout.seen} tokens seen)")
-        layer: DynamicLayer = DynamicLayer() if w == FULL else DynamicSlidingWindowLayer(sliding_window=w)
-        layer.lazy_initialization(k, v)
-        layer.keys, layer.values = k, v
+        layer: DynamicLayer = (DynamicSlidingWindowLayer(sliding_window=w) if w != FULL
+                               else AppendLayer(reserve) if reserve else DynamicLayer())
+        if isinstance(layer, AppendLayer):
+            layer.hold(k, v)
+        else:
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
         if w != FULL:
             layer.cumulative_length = layout.seen
         built.append(layer)

@@ -156,7 +156,8 @@ def run_agreement(model: Any, tokenizer: Any, ids: torch.Tensor, codecs: list[Co
             t_prefill = time.perf_counter() - t0
         t0 = time.perf_counter()
         # Each reconstruction is copied into the batch as it arrives: one alive at a time.
-        batch = stack_caches(contexts if name == EXACT else (transforms[name](c)[0] for c in contexts), len(contexts))
+        batch = stack_caches(contexts if name == EXACT else (transforms[name](c)[0] for c in contexts), len(contexts),
+                             last.shape[1] + config.new_tokens)
         tokens = greedy_continue(model, batch, last, config.new_tokens).tolist()
         del batch
         results.append(SchemeAgreement(name, tokens, seconds=time.perf_counter() - t0))

@@ -284,7 +284,8 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
                 t_prefill += time.perf_counter() - t0
             t0 = time.perf_counter()
             # Each reconstruction is copied into the batch as it arrives: one alive at a time.
-            batch = stack_caches(exact if name == EXACT else (transforms[name](c)[0] for c in exact), len(exact))
+            batch = stack_caches(exact if name == EXACT else (transforms[name](c)[0] for c in exact), len(exact),
+                                 len(group[0].question) + config.answer_tokens)
             got = _answers(model, tokenizer, batch, group, config.answer_tokens)
             del batch
             dt = time.perf_counter() - t0

@@ -19,7 +19,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from kvlib.cache.layout import cache_layers
-from kvlib.cache.layout import layout_of, make_cache, new_cache
+from kvlib.cache.layout import FULL, layout_of, make_cache, new_cache, room_for
 
 
 def model_device(model: Any) -> torch.device:
@@ -33,8 +33,9 @@ def prefill(model: Any, ids: Sequence[int]) -> Any:
     return model(input_ids=x, past_key_values=new_cache(model), use_cache=True, logits_to_keep=1).past_key_values
 
 
-def stack_caches(caches: Iterable[Any], rows: int | None = None) -> Any:
-    """One DynamicCache holding the given caches as rows (new tensors: the inputs are untouched).
+def stack_caches(caches: Iterable[Any], rows: int | None = None, reserve: int = 0) -> Any:
+    """One DynamicCache holding the given caches as rows (new tensors: the inputs are untouched);
+    ``reserve`` > 0: its full-attention layers append that many tokens in place (decoding).
 
     The batch is allocated once and filled cache by cache, so an iterable that
     makes each cache on demand (a codec's reconstruction) holds one at a time;
@@ -44,8 +45,11 @@ def stack_caches(caches: Iterable[Any], rows: int | None = None) -> Any:
     if first is None:
         raise ValueError("no caches to stack")
     n = rows if rows is not None else len(caches)  # type: ignore[arg-type]
-    batch = [(k.new_empty((n, *k.shape[1:])), v.new_empty((n, *v.shape[1:]))) for k, v in cache_layers(first)]
-    layout, filled = layout_of(first), 0
+    layout = layout_of(first)
+    spare = [reserve if w == FULL else 0 for w in layout.windows]  # room to append in place
+    batch = [(room_for(k, n, k.shape[2], r), room_for(v, n, v.shape[2], r))
+             for (k, v), r in zip(cache_layers(first), spare)]
+    filled = 0
     rest = itertools.chain([first], it)
     del first
     for cache in rest:
@@ -66,7 +70,35 @@ def stack_caches(caches: Iterable[Any], rows: int | None = None) -> Any:
         del cache, layers
     if filled != n:
         raise ValueError(f"{filled} rows to stack, expected {n}")
-    return make_cache(batch, layout)
+    return make_cache(batch, layout, reserve)
+
+
+def stack_padded(caches: Sequence[Any], reserve: int = 0) -> tuple[Any, torch.Tensor]:
+    """One batch of full-attention caches of different lengths (an eviction's beside the exact
+    one's), so they decode together: zeros first, each row's tokens last, and the [rows, T] mask
+    of the tokens that are there, for ``greedy_answers`` to attend through."""
+    if not caches:
+        raise ValueError("no caches to stack")
+    for c in caches:
+        if layout_of(c).sliding:
+            raise ValueError("caches with sliding-window layers cannot be padded into one batch")
+    lengths = [cache_layers(c)[0][0].shape[2] for c in caches]
+    rows, t = sum(cache_layers(c)[0][0].shape[0] for c in caches), max(lengths)
+    first = cache_layers(caches[0])
+    batch = [(room_for(k, rows, t, reserve), room_for(v, rows, t, reserve)) for k, v in first]
+    mask = torch.zeros((rows, t), dtype=torch.long, device=first[0][0].device)
+    r = 0
+    for c, n in zip(caches, lengths):
+        layers = cache_layers(c)
+        b = layers[0][0].shape[0]
+        if [k.shape[1] for k, _ in layers] != [k.shape[1] for k, _ in batch]:
+            raise ValueError("caches of different head counts cannot share a batch")
+        for (bk, bv), (k, v) in zip(batch, layers):
+            bk[r:r + b, :, :t - n], bv[r:r + b, :, :t - n] = 0, 0  # never attended to; zeros, not garbage
+            bk[r:r + b, :, t - n:], bv[r:r + b, :, t - n:] = k, v
+        mask[r:r + b, t - n:] = 1
+        r += b
+    return make_cache(batch, None, reserve), mask
 
 
 @torch.no_grad()
@@ -136,28 +168,90 @@ def prefill_observed(model: Any, ids: Sequence[int], window: int) -> tuple[Any, 
     return cache, [queries[i] for i in sorted(queries)]
 
 
+# Rows of a left-padded batch that share their padding: (first row, end row, padded tokens).
+_RAGGED: contextvars.ContextVar[Any] = contextvars.ContextVar("kvlib_ragged_rows", default=None)
+RAGGED = "kvlib_ragged"
+
+
+def _ragged(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+            **kw: Any) -> Any:
+    """SDPA per group of rows, each on its own tokens (the padding sliced off), so a row attends
+    over what it holds and a decoding step needs no mask (SDPA on CPU is several times slower with
+    one); a multi-token step slices the causal mask the same way."""
+    groups = _RAGGED.get()
+    if groups is None or len(groups) == 1 and groups[0][2] == 0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+    outs = []
+    for a, b, pad in groups:
+        m = None if attention_mask is None or query.shape[2] == 1 else attention_mask[a:b, ..., pad:]
+        o, _ = sdpa_attention_forward(module, query[a:b], key[a:b, :, pad:], value[a:b, :, pad:], m, **kw)
+        outs.append(o)
+    return torch.cat(outs, dim=0), None
+
+
+register_attention(RAGGED, _ragged)
+
+
+def _row_groups(mask: torch.Tensor) -> list[tuple[int, int, int]]:
+    """Runs of consecutive rows with the same left padding in ``mask`` [rows, T]."""
+    pads = (mask.shape[1] - mask.sum(dim=1)).tolist()
+    if any(mask[r, :p].any() or not mask[r, p:].all() for r, p in enumerate(pads)):
+        raise ValueError("a padded batch's mask must be zeros then ones in every row (stack_padded)")
+    groups: list[tuple[int, int, int]] = []
+    for r, p in enumerate(pads):
+        if groups and groups[-1][2] == p:
+            groups[-1] = (groups[-1][0], r + 1, p)
+        else:
+            groups.append((r, r + 1, p))
+    return groups
+
+
 @torch.no_grad()
 def greedy_answers(model: Any, cache: Any, question: Sequence[int], new_tokens: int, position: int,
-                   stop: Sequence[int] = (), finished: Any = None) -> list[list[int]]:
+                   stop: Sequence[int] = (), finished: Any = None, mask: torch.Tensor | None = None) -> list[list[int]]:
     """Greedy tokens of every row of ``cache`` after ``question`` fed at positions ``position``,
     ``position + 1``, ... (the context's length, also when an eviction left fewer tokens in
     ``cache``): at most ``new_tokens`` a row, a row ending at its first token of ``stop`` (kvpress's
     ``generate_answer``) or as soon as ``finished(tokens)`` says more tokens cannot change what is
-    read from them. The rows decode as one batch until every row has ended."""
+    read from them. The rows decode as one batch until every row has ended; ``mask`` [rows, T]
+    marks the cache's tokens that are there (``stack_padded``'s left padding; default all)."""
+    if mask is None:
+        return _greedy(model, cache, question, new_tokens, position, stop, finished, None)
+    with attention_through(model, RAGGED, _RAGGED, _row_groups(mask)):
+        return _greedy(model, cache, question, new_tokens, position, stop, finished, mask)
+
+
+@torch.no_grad()
+def _greedy(model: Any, cache: Any, question: Sequence[int], new_tokens: int, position: int,
+            stop: Sequence[int], finished: Any, mask: torch.Tensor | None) -> list[list[int]]:
+    """The decoding loop: a row that has ended leaves the batch (its cache rows dropped), so the
+    rows still decoding do not pay for its attention."""
     dev = model_device(model)
     rows = cache_layers(cache)[0][0].shape[0]
     x = torch.tensor([list(question)] * rows, device=dev)
     pos = torch.arange(position, position + x.shape[1], device=dev)[None].expand(rows, -1)
     out: list[list[int]] = [[] for _ in range(rows)]
-    live = [True] * rows
+    here = list(range(rows))  # the original row of each batch row
+    seen = None if mask is None else mask.to(dev)
     for _ in range(new_tokens):
-        logits = model(input_ids=x, past_key_values=cache, position_ids=pos, use_cache=True, logits_to_keep=1).logits
+        if seen is not None:
+            seen = torch.cat([seen, seen.new_ones((len(here), x.shape[1]))], dim=1)
+        logits = model(input_ids=x, past_key_values=cache, position_ids=pos, attention_mask=seen, use_cache=True,
+                       logits_to_keep=1).logits
         nxt = logits[:, -1].argmax(-1)
-        for r, t in enumerate(nxt.tolist()):
-            if live[r]:
-                out[r].append(t)
-                live[r] = t not in stop and not (finished is not None and finished(out[r]))
-        if not any(live):
+        keep = []
+        for j, (r, t) in enumerate(zip(here, nxt.tolist())):
+            out[r].append(t)
+            if t not in stop and not (finished is not None and finished(out[r])):
+                keep.append(j)
+        if not keep:
             break
         x, pos = nxt[:, None], pos[:, -1:] + 1
+        if len(keep) < len(here):
+            sel = torch.tensor(keep, device=dev)
+            cache.batch_select_indices(sel)
+            x, pos, here = x[sel], pos[sel], [here[j] for j in keep]
+            if seen is not None:
+                seen = seen[sel]
+                _RAGGED.get()[:] = _row_groups(seen)
     return out

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlib.cache.layout import cache_layers
+from kvlib.cache.layout import cache_layers, layout_of
 from kvlib.checks.ruler.score import accuracy, average, score
 from kvlib.checks.ruler.tasks import TASKS, Environment, Sample
 from kvlib.codec.spec import CodecConfig, nominal_bits
 from kvlib.gates import RULER_EXACT_FLOOR, ruler_qualifies
-from kvlib.scoring.generate import greedy_answers, prefill_observed, stack_caches
+from kvlib.scoring.generate import greedy_answers, prefill_observed, stack_caches, stack_padded
 from kvlib.scoring.provenance import digest
 from kvlib.scoring.units import CheckUnits
 from kvlib.transforms.base import unit_key_of
@@ -289,8 +289,8 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
 
 def _build(transform: Any, cache: Any, queries: Any) -> tuple[Any, int]:
     """A scheme's context cache from the sample's exact one (left untouched), and its bytes."""
-    if transform is None:  # the exact cache, copied: decoding appends to it
-        return stack_caches([cache], 1), _exact_bytes(cache)
+    if transform is None:  # the exact cache itself: decoding appends to the batch it is copied into
+        return cache, _exact_bytes(cache)
     if getattr(transform, "kind", "") == "evict":
         evicted, m = transform(cache, queries)
         return evicted.cache, m.bytes_bf16
@@ -298,11 +298,22 @@ def _build(transform: Any, cache: Any, queries: Any) -> tuple[Any, int]:
     return c, int(getattr(m, "compressed_size_bytes", 0) or 0)
 
 
+def decode_groups(caches: dict[str, Any]) -> list[list[str]]:
+    """The batches the caches decode in: one, padded, when every layer attends to the full context
+    (an eviction's shorter cache masked beside the exact one's: the model's weights are read once
+    per token for all); with sliding-window layers, one per cache length."""
+    if not any(layout_of(c).sliding for c in caches.values()):
+        return [list(caches)] if caches else []
+    groups: dict[int, list[str]] = {}
+    for name, c in caches.items():
+        groups.setdefault(cache_layers(c)[0][0].shape[2], []).append(name)
+    return list(groups.values())
+
+
 def _answers(model: Any, tokenizer: Any, s: Sample, names: list[str], every: dict[str, Any], cache: Any,
              queries: Any, stop: tuple[int, ...], refused: dict[str, str], notes: list[str]) -> dict[str, dict]:
-    """The answers of ``names`` to one sample: their caches built, those of one length (the exact
-    and the codecs'; the presses' at one ratio) decoded as one batch. A press that cannot evict
-    this layout is refused (named in ``notes``) and left out."""
+    """The answers of ``names`` to one sample: their caches built and decoded in ``decode_groups``'
+    batches. A press that cannot evict this layout is refused (named in ``notes``) and left out."""
     built: dict[str, tuple[Any, int, float]] = {}
     for name in names:
         t0 = time.perf_counter()
@@ -313,20 +324,23 @@ def _answers(model: Any, tokenizer: Any, s: Sample, names: list[str], every: dic
             notes.append(f"{name} skipped: {e}")
             continue
         built[name] = (c, nbytes, time.perf_counter() - t0)
-    groups: dict[int, list[str]] = {}
-    for name, (c, _, _) in built.items():
-        groups.setdefault(cache_layers(c)[0][0].shape[2], []).append(name)
+    reserve = len(s.question) + s.max_new_tokens
 
     def finished(tokens: list[int]) -> bool:  # a score of 1 cannot change with more tokens
         return score(s.metric, tokenizer.decode(tokens, skip_special_tokens=True), s.references) >= 1.0
 
     out = {}
-    for group in groups.values():
+    for group in decode_groups({n: c for n, (c, _, _) in built.items()}):
         t0 = time.perf_counter()
-        batch = stack_caches((built[n][0] for n in group), len(group))
+        caches = [built[n][0] for n in group]
         for n in group:
             built[n] = (None, *built[n][1:])
-        rows = greedy_answers(model, batch, s.question, s.max_new_tokens, len(s.context), stop, finished)
+        if len({cache_layers(c)[0][0].shape[2] for c in caches}) > 1:
+            batch, mask = stack_padded(caches, reserve)
+        else:
+            batch, mask = stack_caches(caches, len(caches), reserve), None
+        del caches
+        rows = greedy_answers(model, batch, s.question, s.max_new_tokens, len(s.context), stop, finished, mask)
         del batch
         share = (time.perf_counter() - t0) / len(group)
         for n, tokens in zip(group, rows):
