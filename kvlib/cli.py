@@ -17,14 +17,14 @@ from kvlib.models import corpus, zoo
 from kvlib.models.sources import TINYLLAMA
 from kvlib.checks.agreement import AgreementConfig
 from kvlib.budget.plan import parse_budgets, similar_presets
-from kvlib.codec.spec import resolve_codec, split_schemes
+from kvlib.codec.spec import resolve_codec
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import check_parameters
 from kvlib.scoring.perplexity import MODES
 from kvlib.gates import MIN_CI_UNITS
-from kvlib.runs.sweep import default_schemes, engine_mode, engine_schemes, run_sweep, write_json
+from kvlib.runs.sweep import engine_mode, engine_schemes, run_sweep, scheme_list, write_json
 from kvlib.runs.transfer import TRANSFER_ENGINE, transfer_schemes
 from kvlib.runs.knobs import (boundary_check, cheapest_setting, format_sensitivity, make_knob,
                               print_boundary_check, print_search)
@@ -131,16 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--ruler-presses", metavar="P,P", help=f"eviction presses at each scheme's bytes, or 'none' "
                    f"(default {_csv(_U.presses)})")
     u.add_argument("--ruler-haystack", metavar="CORPUS", help="the text haystack's corpus (default: --corpus)")
+    u.add_argument("--ruler-floors", action="store_true", default=None, help="also run the schemes on cells where "
+                   "the exact cache is below the floor (a floor is not a result; by default only the exact cache "
+                   "runs there)")
     return p
 
 
 def ruler_config(args: argparse.Namespace) -> RulerConfig | None:
     """The RULER suite the flags ask for, None when none (ValueError names a bad setting)."""
-    given = (args.ruler_lengths, args.ruler_tasks, args.ruler_samples, args.ruler_presses, args.ruler_haystack)
+    given = (args.ruler_lengths, args.ruler_tasks, args.ruler_samples, args.ruler_presses, args.ruler_haystack,
+             args.ruler_floors)
     if not (args.ruler or (args.ruler is None and any(x is not None for x in given))):
         return None
     return RulerConfig.parse(args.ruler_tasks, args.ruler_lengths, args.ruler_samples, args.ruler_presses,
-                             args.ruler_haystack or args.corpus)
+                             args.ruler_haystack or args.corpus, floors=args.ruler_floors)
 
 
 def decoding_checks(args: argparse.Namespace) -> DecodingChecks:
@@ -188,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             return search_knobs(args)
         specs = list(args.scheme or [])
         if args.schemes:
-            specs += default_schemes() if args.schemes == "all" else split_schemes(args.schemes)
+            specs += scheme_list(args.schemes)
         if args.engine:  # the engine's menu; a serving engine's verdict is a write-mode number
             specs += engine_schemes(args.engine)
             args.no_peers = True

@@ -225,6 +225,36 @@ def test_protocol_scores_exact_codecs_and_presses_and_reuses_units(embedded, tmp
     assert [a.answer for a in again.answers[EXACT]] == [a.answer for a in r.answers[EXACT]]
 
 
+def test_floors_run_the_exact_cache_only_unless_asked(embedded, tmp_path, monkeypatch):
+    """Where the exact cache is below the floor only it runs (a floor is not a result, and the
+    schemes' work there would be wasted), with a note; ``floors=True`` runs the schemes anyway."""
+    import kvlib.checks.ruler.run as run_mod
+
+    lm, tok = embedded
+    monkeypatch.setattr(run_mod, "ruler_qualifies", lambda acc: False)
+    cfg = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=2, presses=())
+    r = run_ruler(lm, tok, [], tmp_path, cfg, TEXT, transforms={"zeroed": zeroed})
+    assert len(r.scores(EXACT, "niah_single_1", 512)) == 2 and r.scores("zeroed", "niah_single_1", 512) == []
+    assert any("a floor (the exact cache 100 %), the schemes not run" in n for n in r.notes)
+    assert math.isnan(r.average("zeroed", 512)[0]) and r.average(EXACT, 512)[0] == 100.0
+    both = run_ruler(lm, tok, [], tmp_path, RulerConfig.parse("niah_single_1", "512", 2, "none", floors=True), TEXT,
+                     transforms={"zeroed": zeroed})
+    assert both.scores("zeroed", "niah_single_1", 512) == [0.0, 0.0]
+    assert [a.answer for a in both.answers[EXACT]] == [a.answer for a in r.answers[EXACT]]
+
+
+def test_presses_run_once_per_distinct_bytes():
+    """Codecs of equal bits share their presses' rows (the same tokens kept): one row per press and
+    bytes, named after the first codec of those bytes, comparing to all of them."""
+    from kvlib.checks.ruler.run import eviction_peers
+    from kvlib.codec.spec import resolve_codec
+
+    peers = eviction_peers(RulerConfig(presses=("knorm", "snapkv")), [resolve_codec(c) for c in ("int4", "q8_0", "rot4")])
+    assert list(peers) == ["knorm@int4", "snapkv@int4", "knorm@q8_0", "snapkv@q8_0"]
+    press, at = peers["knorm@int4"]
+    assert at == ["int4", "rot4"] and press.spec == "knorm@0.7344"
+
+
 def test_sentences_split_at_ends_before_capitals():
     assert sentences("It was built . Then it fell ! \"Why?\" he asked") == ["It was built .", "Then it fell !",
                                                                            "\"Why?\" he asked"]

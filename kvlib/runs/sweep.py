@@ -30,7 +30,8 @@ from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates, role
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.codec.metrics import CompressionMetrics, pool_tensors
-from kvlib.codec.spec import ENTROPY_SUFFIXES, LOSSLESS_SUFFIX, CodecConfig, engine_menu, nominal_bits, presets, resolve_codec
+from kvlib.codec.spec import (ENTROPY_SUFFIXES, LOSSLESS_SUFFIX, CodecConfig, engine_menu, nominal_bits, presets,
+                              resolve_codec, split_schemes)
 from kvlib.env import flag
 from kvlib.gates import CI_LEVEL, CI_METHOD, MIN_CI_UNITS, PPL_DELTA_THRESHOLD, robust, verdict
 from kvlib.models import corpus
@@ -551,6 +552,11 @@ def check_engine_modes(codecs: list[CodecConfig], mode: str) -> None:
 def default_schemes() -> list[str]:
     """What a sweep compares when not told: every preset, and int4 with the lossless stage."""
     return [*presets(), "int4" + LOSSLESS_SUFFIX]
+
+
+def scheme_list(text: str) -> list[str]:
+    """The schemes a --schemes value names: 'all' is ``default_schemes()``, else ``split_schemes``."""
+    return default_schemes() if text.strip() == "all" else split_schemes(text)
 
 
 def print_sweep(r: SweepResult) -> None:

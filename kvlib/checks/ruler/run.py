@@ -41,7 +41,8 @@ def _csv(text: str | None, kind: type) -> tuple | None:
 @dataclass(frozen=True)
 class RulerConfig:
     """The suite: tasks × lengths × samples per cell, the seed the samples are drawn from, the
-    eviction presses compared at each codec's bytes, and the corpus of text haystacks."""
+    eviction presses compared at each codec's bytes, the corpus of text haystacks, and whether the
+    schemes also run on cells where the exact cache cannot do the task (floors: not a result)."""
 
     tasks: tuple[str, ...] = DEFAULT_TASKS
     lengths: tuple[int, ...] = (4096,)
@@ -49,6 +50,7 @@ class RulerConfig:
     seed: int = 42
     presses: tuple[str, ...] = tuple(PRESSES)
     haystack: str = "embedded"
+    floors: bool = False  # also run the schemes where the exact cache is below the floor (else: exact only)
 
     def __post_init__(self) -> None:
         bad = [t for t in self.tasks if t not in TASKS]
@@ -64,7 +66,8 @@ class RulerConfig:
 
     @classmethod
     def parse(cls, tasks: str | None = None, lengths: str | None = None, samples: int | None = None,
-              presses: str | None = None, haystack: str | None = None, seed: int | None = None) -> "RulerConfig":
+              presses: str | None = None, haystack: str | None = None, seed: int | None = None,
+              floors: bool | None = None) -> "RulerConfig":
         """From comma-separated text (the CLI's flags, a notebook's parameters); 'all' tasks are
         every registered one, presses 'none' turns them off; ValueError names the parameter."""
         kw: dict[str, Any] = {}
@@ -82,6 +85,8 @@ class RulerConfig:
                 kw[k] = int(v)
         if haystack:
             kw["haystack"] = haystack
+        if floors is not None:
+            kw["floors"] = bool(floors)
         return cls(**kw)
 
 
@@ -124,7 +129,10 @@ class RulerResult:
     def average(self, scheme: str, length: int, qualifying_only: bool = False) -> tuple[float, float, float]:
         """RULER's average over tasks at one length (kvpress's leaderboard number), with its CI."""
         tasks = [t for t in self.tasks() if not qualifying_only or self.qualifies(t, length)]
-        return average([self.scores(scheme, t, length) for t in tasks])
+        per_task = [self.scores(scheme, t, length) for t in tasks]
+        if not all(per_task):  # a floor the scheme was not run on: no average over all tasks
+            return math.nan, math.nan, math.nan
+        return average(per_task)
 
     def megabytes(self, scheme: str, length: int) -> float:
         b = [a.cache_bytes for a in self.answers[scheme] if a.length == length]
@@ -192,15 +200,14 @@ def plan_lengths(config: RulerConfig, max_context: int | None) -> tuple[list[int
     return keep, notes
 
 
-def eviction_peers(config: RulerConfig, codecs: list[CodecConfig]) -> dict[str, Any]:
-    """Each press at each codec's bytes: name 'press@codec' → press (kvpress's compression ratio
-    1 − bits/16)."""
-    out = {}
+def eviction_peers(config: RulerConfig, codecs: list[CodecConfig]) -> dict[str, tuple[Any, list[str]]]:
+    """Each press at each codec's bytes (kvpress's compression ratio 1 − bits/16), once per distinct
+    ratio: 'press@codec' (the first codec of those bytes) → (press, every codec of those bytes)."""
+    by_ratio: dict[float, list[str]] = {}
     for c in codecs:
-        ratio = ratio_at_bits(nominal_bits(c.spec))
-        for p in config.presses:
-            out[f"{p}@{c.name}"] = make_press(p, ratio)
-    return out
+        by_ratio.setdefault(ratio_at_bits(nominal_bits(c.spec)), []).append(c.name)
+    return {f"{p}@{names[0]}": (make_press(p, ratio), names) for ratio, names in by_ratio.items()
+            for p in config.presses}
 
 
 def plan_cells(config: RulerConfig, tokenizer: Any, lengths: list[int], env: Environment,
@@ -225,7 +232,8 @@ def plan_cells(config: RulerConfig, tokenizer: Any, lengths: list[int], env: Env
     return cells
 
 
-def describe_schemes(codecs: list[CodecConfig], transforms: dict[str, Any], presses: dict[str, Any]) -> dict[str, dict]:
+def describe_schemes(codecs: list[CodecConfig], transforms: dict[str, Any],
+                     presses: dict[str, tuple[Any, list[str]]]) -> dict[str, dict]:
     """Each cache's kind, spec and bits, the exact cache first, then the codecs', then the presses'."""
     schemes: dict[str, dict[str, Any]] = {EXACT: {"kind": "exact", "spec": "exact", "bits": 16.0}}
     by_name = {c.name: c for c in codecs}
@@ -233,8 +241,8 @@ def describe_schemes(codecs: list[CodecConfig], transforms: dict[str, Any], pres
         c = by_name.get(name)
         schemes[name] = {"kind": getattr(t, "kind", "transform"), "spec": c.spec if c else name,
                          "bits": nominal_bits(c.spec) if c else math.nan}
-    for name, p in presses.items():
-        schemes[name] = {"kind": "evict", "spec": p.spec, "bits": 16 * p.keep, "compared_to": name.split("@", 1)[1]}
+    for name, (p, at) in presses.items():
+        schemes[name] = {"kind": "evict", "spec": p.spec, "bits": 16 * p.keep, "compared_to": ", ".join(at)}
     return schemes
 
 
@@ -252,39 +260,74 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
         transforms, _ = cache_transforms(codecs, Path(workdir), model_name)
     presses = eviction_peers(config, codecs)
     schemes = describe_schemes(codecs, transforms, presses)
-    every = {**transforms, **presses}
+    every = {**transforms, **{k: p for k, (p, _) in presses.items()}}
     specs = {EXACT: "exact", **{k: unit_key_of(t) or k for k, t in every.items()}}
     answers: dict[str, list[RulerAnswer]] = {k: [] for k in schemes}
-    stop = stop_tokens(model.config, tokenizer)
-    refused: dict[str, str] = {}
-    t_start, t_prefill = time.perf_counter(), 0.0
+    runner = _Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes, progress)
+    t_start = time.perf_counter()
     for n, task in cells:
-        for i in range(config.samples):
-            s = task.sample(tokenizer, n, config.seed, i, env)
-            inputs = digest([s.context, s.question, s.references, s.max_new_tokens, s.metric, list(stop)])
-            got = {name: units.get(inputs, specs[name]) for name in schemes if name not in refused}
-            missing = [name for name, g in got.items() if g is None]
-            if missing:
-                t0 = time.perf_counter()
-                lm = model.get() if hasattr(model, "get") else model  # a LazyModel loads here, once
-                cache, queries = prefill_observed(lm, s.context, SnapKV.window)
-                t_prefill += time.perf_counter() - t0
-                for name, body in _answers(lm, tokenizer, s, missing, every, cache, queries, stop,
-                                           refused, notes).items():
-                    units.put(inputs, specs[name], body)
-                    got[name] = body
-                del cache, queries
+        samples = [task.sample(tokenizer, n, config.seed, i, env) for i in range(config.samples)]
+        # The exact cache first: only where it does the task are the schemes compared.
+        known = [runner.answer(s, [EXACT], {}, f"ruler {n} {task.name} #{i}") for i, s in enumerate(samples)]
+        exact = accuracy([k[EXACT]["score"] for k in known])[0]
+        if config.floors or ruler_qualifies(exact):
+            known = [runner.answer(s, [m for m in schemes if m not in runner.refused], k, f"ruler {n} {task.name} #{i}")
+                     for i, (s, k) in enumerate(zip(samples, known))]
+        else:
+            notes.append(f"{task.name} at {n}: a floor (the exact cache {exact:.0f} %), the schemes not run on it "
+                         "(--ruler-floors runs them)")
+        for i, (s, got) in enumerate(zip(samples, known)):
             for name, body in got.items():
-                if body is not None:
-                    answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
-            if progress and got.get(EXACT):
-                print(f"  ruler {n} {task.name} #{i}: exact {got[EXACT]['score']:.2f} "
-                      f"{got[EXACT]['answer'][:40]!r}", flush=True)
+                answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
+    refused = runner.refused
     for name in refused:
         schemes.pop(name, None)
         answers.pop(name, None)
     return RulerResult(asdict(config), lengths, answers, schemes, notes,
-                       {"prefill_s": t_prefill, "total_s": time.perf_counter() - t_start})
+                       {"prefill_s": runner.prefill_s, "total_s": time.perf_counter() - t_start})
+
+
+@dataclass
+class _Runner:
+    """Answers of one sample from the store, or computed: the context prefilled once for every
+    cache missing, each unit put in the store as it is made."""
+
+    model: Any
+    tokenizer: Any
+    units: CheckUnits
+    every: dict[str, Any]  # scheme name -> codec round trip or press
+    specs: dict[str, str]  # scheme name -> its unit key
+    stop: tuple[int, ...]
+    notes: list[str]
+    progress: bool = False
+    refused: dict[str, str] = field(default_factory=dict)  # a press that cannot evict this layout, and why
+    prefill_s: float = 0.0
+
+    def answer(self, s: Sample, names: list[str], known: dict[str, dict], label: str = "") -> dict[str, dict]:
+        """``known`` and the answers of ``names`` to sample ``s`` (a press refused is left out)."""
+        inputs = digest([s.context, s.question, s.references, s.max_new_tokens, s.metric, list(self.stop)])
+        got = dict(known)
+        for name in names:
+            if name not in got and name not in self.refused:
+                body = self.units.get(inputs, self.specs[name])
+                if body is not None:
+                    got[name] = body
+        missing = [m for m in names if m not in got and m not in self.refused]
+        if missing:
+            t0 = time.perf_counter()
+            lm = self.model.get() if hasattr(self.model, "get") else self.model  # a LazyModel loads here, once
+            cache, queries = prefill_observed(lm, s.context, SnapKV.window)
+            self.prefill_s += time.perf_counter() - t0
+            for name, body in _answers(lm, self.tokenizer, s, missing, self.every, cache, queries, self.stop,
+                                       self.refused, self.notes).items():
+                self.units.put(inputs, self.specs[name], body)
+                got[name] = body
+            if self.progress:
+                done = [m for m in missing if m in got]
+                what = (f"exact {got[EXACT]['score']:.2f} {got[EXACT]['answer'][:40]!r}" if done == [EXACT] else
+                        f"{len(done)} caches, mean score {sum(got[m]['score'] for m in done) / max(1, len(done)):.2f}")
+                print(f"  {label}: {what} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        return got
 
 
 def _build(transform: Any, cache: Any, queries: Any) -> tuple[Any, int]:
