@@ -43,3 +43,9 @@ RULER_EXACT_FLOOR = 50.0
 def ruler_qualifies(exact_accuracy: float, floor: float = RULER_EXACT_FLOOR) -> bool:
     """Whether the exact cache does a task well enough at a length for schemes to be compared there."""
     return exact_accuracy >= floor
+
+
+def ruler_out_of_reach(exact_scores: list[float], samples: int, floor: float = RULER_EXACT_FLOOR) -> bool:
+    """Whether the exact cache can no longer qualify on a cell of ``samples`` samples: a score of 1
+    on every one still to come would leave its accuracy below the floor (so the rest need not run)."""
+    return (sum(exact_scores) + samples - len(exact_scores)) / samples * 100 < floor

@@ -243,6 +243,29 @@ def test_floors_run_the_exact_cache_only_unless_asked(embedded, tmp_path, monkey
     assert [a.answer for a in both.answers[EXACT]] == [a.answer for a in r.answers[EXACT]]
 
 
+def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
+    """The exact cache stops on a cell as soon as perfect scores on the samples left could not lift it
+    to the floor; those it ran are kept and counted."""
+    import kvlib.checks.ruler.run as run_mod
+    from kvlib.gates import ruler_out_of_reach
+
+    assert ruler_out_of_reach([0.0, 0.0, 0.0], 5) and not ruler_out_of_reach([0.0, 0.0], 5)
+    assert not ruler_out_of_reach([1.0, 0.0, 0.0], 5) and ruler_out_of_reach([0.5] * 4 + [0.0] * 4, 10)
+    lm, tok = embedded
+    asked = []
+
+    def never_found(self, s, names, known, label=""):  # the exact cache never finds it (no model run)
+        asked.append(names)
+        return {**known, **{m: {"answer": "", "score": 0.0, "seconds": 0.0, "cache_bytes": 0} for m in names}}
+
+    monkeypatch.setattr(run_mod._Runner, "answer", never_found)
+    r = run_ruler(lm, tok, [], tmp_path, RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=4, presses=()),
+                  TEXT, transforms={"zeroed": zeroed})
+    assert len(r.scores(EXACT, "niah_single_1", 512)) == 3  # after 3 zeros, one more sample cannot reach 50 %
+    assert asked == [[EXACT]] * 3
+    assert any("the exact cache 0 % on 3 of 4 samples" in n for n in r.notes)
+
+
 def test_presses_run_once_per_distinct_bytes():
     """Codecs of equal bits share their presses' rows (the same tokens kept): one row per press and
     bytes, named after the first codec of those bytes, comparing to all of them."""

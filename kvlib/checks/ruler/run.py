@@ -19,7 +19,7 @@ from kvlib.cache.layout import cache_layers, layout_of
 from kvlib.checks.ruler.score import accuracy, average, score
 from kvlib.checks.ruler.tasks import TASKS, Environment, Sample
 from kvlib.codec.spec import CodecConfig, nominal_bits
-from kvlib.gates import RULER_EXACT_FLOOR, ruler_qualifies
+from kvlib.gates import RULER_EXACT_FLOOR, ruler_out_of_reach, ruler_qualifies
 from kvlib.scoring.generate import greedy_answers, prefill_observed, stack_caches, stack_padded
 from kvlib.scoring.provenance import digest
 from kvlib.scoring.units import CheckUnits
@@ -268,14 +268,21 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
     for n, task in cells:
         samples = [task.sample(tokenizer, n, config.seed, i, env) for i in range(config.samples)]
         # The exact cache first: only where it does the task are the schemes compared.
-        known = [runner.answer(s, [EXACT], {}, f"ruler {n} {task.name} #{i}") for i, s in enumerate(samples)]
+        known: list[dict[str, dict]] = []
+        for i, s in enumerate(samples):
+            known.append(runner.answer(s, [EXACT], {}, f"ruler {n} {task.name} #{i}"))
+            if not config.floors and ruler_out_of_reach([k[EXACT]["score"] for k in known], len(samples)):
+                break
         exact = accuracy([k[EXACT]["score"] for k in known])[0]
+        stopped = "" if len(known) == len(samples) else (
+            f" on {len(known)} of {len(samples)} samples: a score of 1 on the rest could not lift it to "
+            f"{RULER_EXACT_FLOOR:.0f} %")
         if config.floors or ruler_qualifies(exact):
             known = [runner.answer(s, [m for m in schemes if m not in runner.refused], k, f"ruler {n} {task.name} #{i}")
                      for i, (s, k) in enumerate(zip(samples, known))]
         else:
-            notes.append(f"{task.name} at {n}: a floor (the exact cache {exact:.0f} %), the schemes not run on it "
-                         "(--ruler-floors runs them)")
+            notes.append(f"{task.name} at {n}: a floor (the exact cache {exact:.0f} %{stopped}), the schemes not run "
+                         "on it (--ruler-floors runs them)")
         for i, (s, got) in enumerate(zip(samples, known)):
             for name, body in got.items():
                 answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
