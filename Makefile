@@ -219,6 +219,8 @@ peer-llamacpp: setup
 # RULER's synthetic tasks at the lengths users serve, from the exact cache, each scheme's and each eviction
 # press's at that scheme's bytes (docs/ruler.md): reports/ruler.json. Units are kept in the results store, so
 # a killed run resumes and a larger grid reuses what a smaller one computed.
+COMMA := ,
+SPACE := $(subst ,, )
 RULER_SCHEMES ?= all
 RULER_TASKS   ?= niah_single_1,niah_single_2,niah_multikey_1,vt,fwe
 RULER_LENGTHS ?= 4096
@@ -226,14 +228,15 @@ RULER_SAMPLES ?= 25
 RULER_PRESSES ?= streaming_llm,knorm,snapkv
 # True: the schemes run also where the exact cache is below the floor (by default only the exact cache runs there).
 RULER_FLOORS  ?= False
-# A ruler.json written before (by make ruler or kv-validate --ruler --json): rendered without running.
+# ruler.json files written before (by make ruler or kv-validate --ruler --json; runs of different lengths,
+# spaces between): rendered as one report without running.
 RULER_JSON    ?=
 ruler: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/ruler.ipynb $(BUILD)/executed/ruler.ipynb -k kvlib -p model $(MODEL) -p corpus $(CORPUS) \
 	  -r schemes "$(RULER_SCHEMES)" -r tasks "$(RULER_TASKS)" -r lengths "$(RULER_LENGTHS)" -p samples $(RULER_SAMPLES) \
 	  -r presses "$(RULER_PRESSES)" -p floors $(RULER_FLOORS) -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) \
-	  $(if $(RULER_JSON),-p from_json $(abspath $(RULER_JSON)))
+	  $(if $(RULER_JSON),-p from_json $(subst $(SPACE),$(COMMA),$(strip $(abspath $(RULER_JSON)))))
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/ruler.ipynb
 	@echo "RULER: $(CURDIR)/$(REPORTS)/ruler.html (results: $(REPORTS)/ruler.json)"
 

@@ -311,6 +311,23 @@ def test_results_summarise_qualify_and_round_trip():
     assert back.table() == r.table() and back.notes == r.notes
 
 
+def test_runs_of_different_lengths_merge_into_one_result():
+    from kvlib.checks.ruler.run import RulerAnswer, RulerResult
+
+    r = made_result()
+    longer = RulerResult(dict(r.config, lengths=[2048]), [2048],
+                         {k: [RulerAnswer(a.task, 2048, a.index, a.answer, a.score, a.seconds, a.cache_bytes)
+                              for a in v] for k, v in r.answers.items() if k != "knorm@int4"},
+                         {k: v for k, v in r.schemes.items() if k != "knorm@int4"}, ["at 2048"], {"total_s": 2.0})
+    both = RulerResult.merge([r, longer])
+    assert both.lengths == [1024, 2048] and list(both.schemes) == list(r.schemes)
+    assert both.cell("int4", "niah_single_1", 2048) == r.cell("int4", "niah_single_1", 1024)
+    assert both.scores("knorm@int4", "vt", 2048) == [] and both.timing["total_s"] == 3.0
+    assert both.notes[-1] == "at 2048" and type(r).from_dict(both.to_dict()).table() == both.table()
+    with pytest.raises(ValueError, match="length 1024 is in results 1 and 2"):
+        RulerResult.merge([r, r])
+
+
 def test_report_marks_floors_and_draws_both_families():
     from kvlib.report import ruler as report
 

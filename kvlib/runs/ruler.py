@@ -4,6 +4,8 @@ store, printed as a task × length table per scheme with RULER's average, and wr
 from __future__ import annotations
 
 import math
+import resource
+import sys
 import tempfile
 import time
 from typing import Any
@@ -25,9 +27,15 @@ def run_ruler_suite(codecs: list[CodecConfig], config: RulerConfig, model: str =
     with tempfile.TemporaryDirectory(prefix="kvlib-ruler-") as tmp:
         r = run_ruler(run.lazy(), run.tokenizer, codecs, tmp, config, run.text.text, run.name, progress=verbose,
                       units=CheckUnits(run.store, run.identity, "ruler"))
-    r.timing.update(total_s=time.perf_counter() - t0, model_load_s=run.model_load_s)
+    r.timing.update(total_s=time.perf_counter() - t0, model_load_s=run.model_load_s, peak_rss_gb=peak_rss_gb())
     r.config["model"] = run.name
     return r
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (what a long prefill must fit in)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
+    return peak / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def _cell(acc: float, lo: float, hi: float, floor: bool) -> str:
@@ -55,4 +63,5 @@ def print_ruler(r: RulerResult) -> None:
         print(f"  note: {note}")
     q = [(t, n) for n in r.lengths for t in tasks if r.qualifies(t, n)]
     print(f"  {len(q)} of {len(tasks) * len(r.lengths)} task-length cells qualify (exact cache ≥ floor); "
-          f"{r.timing.get('total_s', 0):.0f} s")
+          f"{r.timing.get('total_s', 0):.0f} s" + (f", peak memory {r.timing['peak_rss_gb']:.1f} GB"
+                                                    if "peak_rss_gb" in r.timing else ""))

@@ -168,6 +168,28 @@ class RulerResult:
                    {k: [RulerAnswer(**a) for a in v] for k, v in d["answers"].items()}, d["schemes"],
                    list(d.get("notes", [])), dict(d.get("timing", {})))
 
+    @classmethod
+    def merge(cls, results: list["RulerResult"]) -> "RulerResult":
+        """Runs of different lengths as one result (a grid run length by length): their schemes in
+        order of appearance, each length from the one run that measured it (ValueError otherwise)."""
+        if not results:
+            raise ValueError("no RULER results to merge")
+        seen: dict[int, int] = {}
+        for i, r in enumerate(results):
+            for n in r.lengths:
+                if n in seen:
+                    raise ValueError(f"length {n} is in results {seen[n] + 1} and {i + 1}: merge runs of different "
+                                     "lengths")
+                seen[n] = i
+        schemes = {k: v for r in results for k, v in r.schemes.items()}
+        answers = {k: [a for r in results for a in r.answers.get(k, [])] for k in schemes}
+        config = dict(results[0].config)
+        config["tasks"] = list(dict.fromkeys(t for r in results for t in r.config["tasks"]))
+        config["lengths"] = sorted(seen)
+        timing = {k: (max if k.startswith("peak") else sum)(r.timing.get(k, 0.0) for r in results)
+                  for k in results[0].timing}  # times add up, a peak is the largest
+        return cls(config, sorted(seen), answers, schemes, [n for r in results for n in r.notes], timing)
+
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config, "lengths": self.lengths, "schemes": self.schemes, "notes": self.notes,
                 "timing": self.timing, "exact_floor": RULER_EXACT_FLOOR, "table": self.table(),
