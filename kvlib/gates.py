@@ -45,6 +45,11 @@ def ruler_qualifies(exact_accuracy: float, floor: float = RULER_EXACT_FLOOR) -> 
     return exact_accuracy >= floor
 
 
+def ruler_sure(exact_scores: list[float], samples: int, floor: float = RULER_EXACT_FLOOR) -> bool:
+    """Whether the exact cache qualifies on a cell of ``samples`` samples whatever the rest score."""
+    return sum(exact_scores) / samples * 100 >= floor
+
+
 def ruler_out_of_reach(exact_scores: list[float], samples: int, floor: float = RULER_EXACT_FLOOR) -> bool:
     """Whether the exact cache can no longer qualify on a cell of ``samples`` samples: a score of 1
     on every one still to come would leave its accuracy below the floor (so the rest need not run)."""

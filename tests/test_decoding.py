@@ -235,6 +235,20 @@ def test_rows_leave_the_batch_in_place(tiny_llama):
     assert torch.equal(layer.keys, before[[2, 0]])
 
 
+def test_a_cache_never_writes_into_tensors_it_was_given(tiny_llama):
+    """make_cache with room appends into buffers of its own unless told the tensors are its own
+    (room_for): a caller's tensor, even a prefix view of a larger one, is never written to."""
+    from kvlib.cache.layout import make_cache
+
+    full = prefill(tiny_llama, list(range(3, 43)))
+    big = [(k.clone(), v.clone()) for k, v in cache_layers(full)]
+    before = [k.clone() for k, _ in big]
+    c = make_cache([(k[:, :, :30], v[:, :, :30]) for k, v in big], reserve=20)  # views with room behind them
+    _logits(tiny_llama, c, torch.tensor([[5]]), 3)
+    c.batch_select_indices(torch.tensor([0]))
+    assert all(torch.equal(k, b) for (k, _), b in zip(big, before))
+
+
 def test_padded_rows_answer_as_each_alone(tiny_llama):
     """Caches of different lengths (an eviction's beside the exact one) decode as one left-padded
     batch, each row over its own tokens; rows that end leave the batch, the others go on as alone."""
@@ -252,6 +266,8 @@ def test_padded_rows_answer_as_each_alone(tiny_llama):
     batch, mask = stack_padded([full, short], reserve=11)
     assert greedy_answers(tiny_llama, batch, q, 8, len(ids), stop, mask=mask) == want
     assert len(want[1]) <= 2
+    with pytest.raises(ValueError, match="layer or head counts"):
+        stack_padded([full, make_cache(cache_layers(short)[:3])])
 
 
 def test_report_figures_state_their_numbers(identity_and_zeroed):

@@ -232,11 +232,15 @@ def test_floors_run_the_exact_cache_only_unless_asked(embedded, tmp_path, monkey
 
     lm, tok = embedded
     monkeypatch.setattr(run_mod, "ruler_qualifies", lambda acc: False)
+    monkeypatch.setattr(run_mod, "ruler_sure", lambda scores, n: False)
     cfg = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=2, presses=())
     r = run_ruler(lm, tok, [], tmp_path, cfg, TEXT, transforms={"zeroed": zeroed})
     assert len(r.scores(EXACT, "niah_single_1", 512)) == 2 and r.scores("zeroed", "niah_single_1", 512) == []
     assert any("a floor (the exact cache 100 %), the schemes not run" in n for n in r.notes)
     assert math.isnan(r.average("zeroed", 512)[0]) and r.average(EXACT, 512)[0] == 100.0
+    assert RulerConfig.parse(floors="false").floors is False and RulerConfig.parse(floors="True").floors
+    with pytest.raises(ValueError, match="floors 'maybe'"):
+        RulerConfig.parse(floors="maybe")
     both = run_ruler(lm, tok, [], tmp_path, RulerConfig.parse("niah_single_1", "512", 2, "none", floors=True), TEXT,
                      transforms={"zeroed": zeroed})
     assert both.scores("zeroed", "niah_single_1", 512) == [0.0, 0.0]
@@ -263,7 +267,23 @@ def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
                   TEXT, transforms={"zeroed": zeroed})
     assert len(r.scores(EXACT, "niah_single_1", 512)) == 3  # after 3 zeros, one more sample cannot reach 50 %
     assert asked == [[EXACT]] * 3
-    assert any("the exact cache 0 % on 3 of 4 samples" in n for n in r.notes)
+    assert any("the exact cache 0 % on 3 of 4 samples" in n for n in r.notes), r.notes
+    # Sure to qualify after 2 of 4 found: from the third sample on, every cache answers in one pass.
+    asked.clear()
+    found = iter([1.0, 1.0, 0.0, 0.0])
+
+    def first_two_found(self, s, names, known, label=""):  # what is missing is computed (one prefill)
+        missing = [m for m in names if m not in known]
+        if missing:
+            asked.append(missing)
+        return {**known, **{m: {"answer": "", "score": next(found) if m == EXACT else 0.0, "seconds": 0.0,
+                                "cache_bytes": 0} for m in missing}}
+
+    monkeypatch.setattr(run_mod._Runner, "answer", first_two_found)
+    r = run_ruler(lm, tok, [], tmp_path, RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=4, presses=()),
+                  TEXT, transforms={"zeroed": zeroed})
+    assert asked == [[EXACT], [EXACT], [EXACT, "zeroed"], [EXACT, "zeroed"], ["zeroed"], ["zeroed"]]
+    assert r.scores("zeroed", "niah_single_1", 512) == [0.0] * 4 and r.cell(EXACT, "niah_single_1", 512)[0] == 50.0
 
 
 def test_presses_run_once_per_distinct_bytes():
@@ -304,6 +324,7 @@ def test_results_summarise_qualify_and_round_trip():
     r = made_result()
     assert r.qualifies("niah_single_1", 1024) and not r.qualifies("vt", 1024)  # 75 % and 25 % exact
     assert r.average(EXACT, 1024)[0] == 50.0 and r.average(EXACT, 1024, qualifying_only=True)[0] == 75.0
+    assert r.summary().startswith("ruler 1024, 1 of 2 tasks qualify: exact 75.0")
     assert r.megabytes("int4", 1024) == 0.5
     rows = [x for x in r.table() if x["scheme"] == "int4" and x["task"] == "vt"]
     assert rows[0]["accuracy"] == 0.0 and rows[0]["qualifies"] is False
@@ -326,6 +347,9 @@ def test_runs_of_different_lengths_merge_into_one_result():
     assert both.notes[-1] == "at 2048" and type(r).from_dict(both.to_dict()).table() == both.table()
     with pytest.raises(ValueError, match="length 1024 is in results 1 and 2"):
         RulerResult.merge([r, r])
+    other = RulerResult(dict(longer.config, seed=7), longer.lengths, longer.answers, longer.schemes)
+    with pytest.raises(ValueError, match="different seed"):
+        RulerResult.merge([r, other])
 
 
 def test_report_marks_floors_and_draws_both_families():

@@ -122,7 +122,7 @@ class AppendLayer(DynamicLayer):
     buffers with room for ``reserve`` more tokens, so decoding writes each new token once instead
     of copying the whole cache per step (``DynamicLayer.update`` concatenates). The same tensors
     reach attention; the buffers are (re)made only when the room runs out or the prefix was
-    replaced (``batch_select_indices``)."""
+    replaced (reorder, repeat), and rows leaving the batch are compacted within them."""
 
     def __init__(self, reserve: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -136,12 +136,13 @@ class AppendLayer(DynamicLayer):
         return (n + t <= kb.shape[-2] and self.keys.data_ptr() == kb.data_ptr()
                 and self.values.data_ptr() == vb.data_ptr() and self.keys.shape[:2] == kb.shape[:2])
 
-    def hold(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Hold ``keys`` and ``values`` [B, H, n, D]; when they are the first n tokens of larger
-        buffers [B, H, cap, D] (``room_for``), appending writes into those buffers."""
+    def hold(self, keys: torch.Tensor, values: torch.Tensor, adopt: bool = False) -> None:
+        """Hold ``keys`` and ``values`` [B, H, n, D]. With ``adopt`` they are the cache's own, made by
+        ``room_for``: appending writes into their buffers. Without, nothing is ever written into
+        them (the first append copies them into new buffers)."""
         self.lazy_initialization(keys, values)
         self.keys, self.values = keys, values
-        bufs = [_whole(t) for t in (keys, values)]
+        bufs = [_whole(t) for t in (keys, values)] if adopt else [None, None]
         self._buffers = (bufs[0], bufs[1]) if bufs[0] is not None and bufs[1] is not None else None
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -151,7 +152,7 @@ class AppendLayer(DynamicLayer):
         if n == 0 or self._buffers is None or not self._room(n, 0):
             return super().batch_select_indices(indices)
         rows = [int(i) for i in indices.tolist()]
-        if any(b <= a for a, b in zip(rows, rows[1:])):
+        if indices.dtype == torch.bool or any(b <= a for a, b in zip(rows, rows[1:])):
             return super().batch_select_indices(indices)
         kb, vb = self._buffers
         for j, r in enumerate(rows):
@@ -198,13 +199,14 @@ def _whole(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], layout: CacheLayout | None = None,
-               reserve: int = 0) -> DynamicCache:
+               reserve: int = 0, adopt: bool = False) -> DynamicCache:
     """A cache holding the given (key, value) tensors, in ``layout`` (default: all full attention).
 
     A sliding layer's tensors must hold what it stores (``layout.stored(i)`` tokens);
     it counts ``layout.seen`` tokens, so the next forward masks and positions as the
     model's own cache would. ``reserve`` > 0: full-attention layers append in place
-    (``AppendLayer``), with room for that many tokens past the first ones fed."""
+    (``AppendLayer``), with room for that many tokens past the first ones fed; ``adopt``: the
+    full layers' tensors come from ``room_for`` and are the cache's to append into."""
     cache = DynamicCache()
     if layout is None and reserve:
         layout = CacheLayout((FULL,) * len(layers), int(layers[0][0].shape[2]) if layers else 0)
@@ -222,7 +224,7 @@ def make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], layout: CacheLay
         layer: DynamicLayer = (DynamicSlidingWindowLayer(sliding_window=w) if w != FULL
                                else AppendLayer(reserve) if reserve else DynamicLayer())
         if isinstance(layer, AppendLayer):
-            layer.hold(k, v)
+            layer.hold(k, v, adopt)
         else:
             layer.lazy_initialization(k, v)
             layer.keys, layer.values = k, v

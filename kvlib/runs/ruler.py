@@ -50,13 +50,13 @@ def print_ruler(r: RulerResult) -> None:
     scores below the qualifying accuracy there), RULER's average and the cache's MB."""
     tasks = r.tasks()
     for n in r.lengths:
-        print(f"\nRULER at {n} tokens ({r.config['samples']} samples a task; * = floor: the exact cache is below "
-              f"the qualifying accuracy)")
+        print(f"\nRULER at {n} tokens (up to {r.config['samples']} samples a task; * = floor: the exact cache is "
+              f"below the qualifying accuracy, the schemes not compared there)")
         w = max(len(s) for s in r.schemes)
-        print(f"  {'scheme':{w}s} {'MB':>7s} " + " ".join(f"{t:>18s}" for t in tasks) + f" {'average':>18s}")
+        print(f"  {'scheme':{w}s} {'MB':>7s} " + " ".join(f"{t:>18s}" for t in tasks) + f" {'avg qualifying':>18s}")
         for name in r.schemes:
             cells = [_cell(*r.cell(name, t, n), not r.qualifies(t, n)) for t in tasks]
-            avg = _cell(*r.average(name, n), False)
+            avg = _cell(*r.average(name, n, qualifying_only=True), False)
             print(f"  {name:{w}s} {r.megabytes(name, n):7.1f} " + " ".join(f"{c:>18s}" for c in cells)
                   + f" {avg:>18s}")
     for note in r.notes:

@@ -1,9 +1,11 @@
 """Greedy decoding from a context cache, exact or compressed: the step the
-retrieval and agreement checks share.
+retrieval, agreement and RULER checks share.
 
 A batch stacks equally long sequences (one per haystack or prompt), so there
 is no padding and no attention mask; the exact cache and every scheme decode
-the same batch, so their tokens differ only because their caches do.
+the same batch, so their tokens differ only because their caches do. Caches of
+different lengths (an eviction's beside the exact one) decode as one left-padded
+batch whose rows attend over their own tokens only (``stack_padded``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def stack_caches(caches: Iterable[Any], rows: int | None = None, reserve: int = 
         del cache, layers
     if filled != n:
         raise ValueError(f"{filled} rows to stack, expected {n}")
-    return make_cache(batch, layout, reserve)
+    return make_cache(batch, layout, reserve, adopt=True)
 
 
 def stack_padded(caches: Sequence[Any], reserve: int = 0) -> tuple[Any, torch.Tensor]:
@@ -92,13 +94,13 @@ def stack_padded(caches: Sequence[Any], reserve: int = 0) -> tuple[Any, torch.Te
         layers = cache_layers(c)
         b = layers[0][0].shape[0]
         if [k.shape[1] for k, _ in layers] != [k.shape[1] for k, _ in batch]:
-            raise ValueError("caches of different head counts cannot share a batch")
+            raise ValueError("caches of different layer or head counts cannot share a batch")
         for (bk, bv), (k, v) in zip(batch, layers):
             bk[r:r + b, :, :t - n], bv[r:r + b, :, :t - n] = 0, 0  # never attended to; zeros, not garbage
             bk[r:r + b, :, t - n:], bv[r:r + b, :, t - n:] = k, v
         mask[r:r + b, t - n:] = 1
         r += b
-    return make_cache(batch, None, reserve), mask
+    return make_cache(batch, None, reserve, adopt=True), mask
 
 
 @torch.no_grad()
@@ -206,6 +208,12 @@ def _row_groups(mask: torch.Tensor) -> list[tuple[int, int, int]]:
     return groups
 
 
+def padded_batches(model: Any) -> bool:
+    """Whether ``model`` can decode a padded batch (``stack_padded``): its attention is SDPA, which
+    the per-row attention wraps (an eager-only feature, a softcap or sinks, would be lost)."""
+    return getattr(model.config, "_attn_implementation", None) == "sdpa"
+
+
 @torch.no_grad()
 def greedy_answers(model: Any, cache: Any, question: Sequence[int], new_tokens: int, position: int,
                    stop: Sequence[int] = (), finished: Any = None, mask: torch.Tensor | None = None) -> list[list[int]]:
@@ -217,6 +225,9 @@ def greedy_answers(model: Any, cache: Any, question: Sequence[int], new_tokens: 
     marks the cache's tokens that are there (``stack_padded``'s left padding; default all)."""
     if mask is None:
         return _greedy(model, cache, question, new_tokens, position, stop, finished, None)
+    if not padded_batches(model):
+        raise ValueError(f"a padded batch decodes through SDPA; this model attends with "
+                         f"{model.config._attn_implementation!r}")
     with attention_through(model, RAGGED, _RAGGED, _row_groups(mask)):
         return _greedy(model, cache, question, new_tokens, position, stop, finished, mask)
 

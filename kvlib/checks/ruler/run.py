@@ -19,8 +19,8 @@ from kvlib.cache.layout import cache_layers, layout_of
 from kvlib.checks.ruler.score import accuracy, average, score
 from kvlib.checks.ruler.tasks import TASKS, Environment, Sample
 from kvlib.codec.spec import CodecConfig, nominal_bits
-from kvlib.gates import RULER_EXACT_FLOOR, ruler_out_of_reach, ruler_qualifies
-from kvlib.scoring.generate import greedy_answers, prefill_observed, stack_caches, stack_padded
+from kvlib.gates import RULER_EXACT_FLOOR, ruler_out_of_reach, ruler_qualifies, ruler_sure
+from kvlib.scoring.generate import greedy_answers, padded_batches, prefill_observed, stack_caches, stack_padded
 from kvlib.scoring.provenance import digest
 from kvlib.scoring.units import CheckUnits
 from kvlib.transforms.base import unit_key_of
@@ -36,6 +36,18 @@ def _csv(text: str | None, kind: type) -> tuple | None:
     if text is None or not str(text).strip():
         return None
     return tuple(kind(x.strip()) for x in str(text).split(",") if x.strip())
+
+
+def _flag(value: Any, name: str) -> bool:
+    """A yes/no setting from a bool or its text (a make variable: True, false, 1, 0)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ValueError(f"RULER {name} {value!r}: give True or False")
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,7 @@ class RulerConfig:
         if haystack:
             kw["haystack"] = haystack
         if floors is not None:
-            kw["floors"] = bool(floors)
+            kw["floors"] = _flag(floors, "floors")
         return cls(**kw)
 
 
@@ -128,7 +140,8 @@ class RulerResult:
 
     def average(self, scheme: str, length: int, qualifying_only: bool = False) -> tuple[float, float, float]:
         """RULER's average over tasks at one length (kvpress's leaderboard number), with its CI."""
-        tasks = [t for t in self.tasks() if not qualifying_only or self.qualifies(t, length)]
+        tasks = [t for t in self.tasks() if self.scores(EXACT, t, length)
+                 and (not qualifying_only or self.qualifies(t, length))]
         per_task = [self.scores(scheme, t, length) for t in tasks]
         if not all(per_task):  # a floor the scheme was not run on: no average over all tasks
             return math.nan, math.nan, math.nan
@@ -151,14 +164,21 @@ class RulerResult:
         return rows
 
     def summary(self) -> str:
-        """'ruler 4096: exact 72.0 [64.1, 79.8], int4 70.4 ..., knorm@int4 31.2 ...'."""
+        """'ruler 4096, 2 of 5 tasks qualify: exact 92.0 [86.0, 97.0], int4 90.0 ..., knorm@int4 31.2 ...'
+        (averages over the qualifying tasks: where the schemes are compared)."""
         out = []
         for n in self.lengths:
+            tasks = [t for t in self.tasks() if self.scores(EXACT, t, n)]
+            q = [t for t in tasks if self.qualifies(t, n)]
+            head = f"ruler {n}, {len(q)} of {len(tasks)} tasks qualify"
+            if not q:
+                out.append(head + f" (the exact cache's average {self.average(EXACT, n)[0]:.1f})")
+                continue
             parts = []
             for name in self.schemes:
-                acc, lo, hi = self.average(name, n)
+                acc, lo, hi = self.average(name, n, qualifying_only=True)
                 parts.append(f"{name} {acc:.1f}" + (f" [{lo:.1f}, {hi:.1f}]" if not math.isnan(lo) else ""))
-            out.append(f"ruler {n}: " + ", ".join(parts))
+            out.append(head + ": " + ", ".join(parts))
         return "; ".join(out) + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
     @classmethod
@@ -174,6 +194,10 @@ class RulerResult:
         order of appearance, each length from the one run that measured it (ValueError otherwise)."""
         if not results:
             raise ValueError("no RULER results to merge")
+        for key in ("model", "seed", "haystack", "presses", "floors"):
+            values = {repr(r.config.get(key)) for r in results}
+            if len(values) > 1:
+                raise ValueError(f"RULER results of different {key} ({', '.join(sorted(values))}) do not merge")
         seen: dict[int, int] = {}
         for i, r in enumerate(results):
             for n in r.lengths:
@@ -186,8 +210,9 @@ class RulerResult:
         config = dict(results[0].config)
         config["tasks"] = list(dict.fromkeys(t for r in results for t in r.config["tasks"]))
         config["lengths"] = sorted(seen)
+        keys = dict.fromkeys(k for r in results for k in r.timing)
         timing = {k: (max if k.startswith("peak") else sum)(r.timing.get(k, 0.0) for r in results)
-                  for k in results[0].timing}  # times add up, a peak is the largest
+                  for k in keys}  # times add up, a peak is the largest
         return cls(config, sorted(seen), answers, schemes, [n for r in results for n in r.notes], timing)
 
     def to_dict(self) -> dict[str, Any]:
@@ -290,11 +315,16 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
     for n, task in cells:
         samples = [task.sample(tokenizer, n, config.seed, i, env) for i in range(config.samples)]
         # The exact cache first: only where it does the task are the schemes compared.
+        # Once it is sure to qualify, every cache answers from the one prefill of a sample.
         known: list[dict[str, dict]] = []
+        sure = config.floors
         for i, s in enumerate(samples):
-            known.append(runner.answer(s, [EXACT], {}, f"ruler {n} {task.name} #{i}"))
-            if not config.floors and ruler_out_of_reach([k[EXACT]["score"] for k in known], len(samples)):
+            names = [m for m in schemes if m not in runner.refused] if sure else [EXACT]
+            known.append(runner.answer(s, names, {}, f"ruler {n} {task.name} #{i}"))
+            scores = [k[EXACT]["score"] for k in known]
+            if not config.floors and ruler_out_of_reach(scores, len(samples)):
                 break
+            sure = sure or ruler_sure(scores, len(samples))
         exact = accuracy([k[EXACT]["score"] for k in known])[0]
         stopped = "" if len(known) == len(samples) else (
             f" on {len(known)} of {len(samples)} samples: a score of 1 on the rest could not lift it to "
@@ -370,11 +400,11 @@ def _build(transform: Any, cache: Any, queries: Any) -> tuple[Any, int]:
     return c, int(getattr(m, "compressed_size_bytes", 0) or 0)
 
 
-def decode_groups(caches: dict[str, Any]) -> list[list[str]]:
+def decode_groups(caches: dict[str, Any], padded: bool = True) -> list[list[str]]:
     """The batches the caches decode in: one, padded, when every layer attends to the full context
-    (an eviction's shorter cache masked beside the exact one's: the model's weights are read once
-    per token for all); with sliding-window layers, one per cache length."""
-    if not any(layout_of(c).sliding for c in caches.values()):
+    and ``padded`` batches can run (an eviction's shorter cache masked beside the exact one's: the
+    model's weights are read once per token for all); else one per cache length."""
+    if padded and not any(layout_of(c).sliding for c in caches.values()):
         return [list(caches)] if caches else []
     groups: dict[int, list[str]] = {}
     for name, c in caches.items():
@@ -402,7 +432,7 @@ def _answers(model: Any, tokenizer: Any, s: Sample, names: list[str], every: dic
         return score(s.metric, tokenizer.decode(tokens, skip_special_tokens=True), s.references) >= 1.0
 
     out = {}
-    for group in decode_groups({n: c for n, (c, _, _) in built.items()}):
+    for group in decode_groups({n: c for n, (c, _, _) in built.items()}, padded_batches(model)):
         t0 = time.perf_counter()
         caches = [built[n][0] for n in group]
         for n in group:
