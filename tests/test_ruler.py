@@ -325,6 +325,8 @@ def test_results_summarise_qualify_and_round_trip():
     assert r.qualifies("niah_single_1", 1024) and not r.qualifies("vt", 1024)  # 75 % and 25 % exact
     assert r.average(EXACT, 1024)[0] == 50.0 and r.average(EXACT, 1024, qualifying_only=True)[0] == 75.0
     assert r.summary().startswith("ruler 1024, 1 of 2 tasks qualify: exact 75.0")
+    assert r.headline() == ("At 1024 tokens 1 of 2 tasks qualify (niah_single_1): the exact cache averages 75 % on "
+                            "them, the quantized caches 50 to 50 %, the evicted ones 0 to 0 %.")
     assert r.megabytes("int4", 1024) == 0.5
     rows = [x for x in r.table() if x["scheme"] == "int4" and x["task"] == "vt"]
     assert rows[0]["accuracy"] == 0.0 and rows[0]["qualifies"] is False
@@ -357,13 +359,14 @@ def test_report_marks_floors_and_draws_both_families():
 
     r = made_result()
     cells = report.cell_table(r)._repr_html_()
-    assert "vt <em>(floor)</em>" in cells and "niah_single_1 <em>" not in cells
+    assert "vt<br>1024 <em>(floor)</em>" in cells and "niah_single_1<br>1024 <em>" not in cells
     avg = report.average_table(r)._repr_html_()
     assert "keeps 26.6 % of the tokens (the bytes of int4)" in avg and "4.25 bits/element" in avg
     assert "<img" in report.plot_heatmaps(r)._repr_html_()
     assert "<img" in report.plot_accuracy_vs_bytes(r)._repr_html_()
     text = report.reading(r)
     assert "floors: vt" in text and "qa_1 (squad) skipped" in text
+    assert "niah_single_1, evicted caches: below the exact cache beyond their CI: `knorm@int4`" in text
 
 
 def test_kvpress_comparison_counts_identical_sets():

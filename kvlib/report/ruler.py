@@ -16,6 +16,7 @@ from kvlib.gates import RULER_EXACT_FLOOR
 from kvlib.report.common import Figure, fmt
 
 _CMAP = LinearSegmentedColormap.from_list("kvlib_ruler", ["#cf222e", "#f2cc60", "#1a7f37"])
+_PRESS_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#ff7f0e")
 _KIND_STYLE = {"exact": ("#000000", "*", "exact cache"), "kvq": ("#1f77b4", "o", "quantization (kvlib codec)"),
                "evict": ("#d62728", "s", "eviction (kvpress presses)"), "transform": ("#7f7f7f", "D", "other")}
 
@@ -28,34 +29,34 @@ class HTML:
         return self.text
 
 
-def plot_heatmaps(r: RulerResult, ncols: int = 4) -> Figure:
-    """Accuracy per (task, length), one panel per cache, the exact cache first; a hatched cell is a
-    floor (the exact cache is below the qualifying accuracy there)."""
-    tasks, names = r.tasks(), list(r.schemes)
-    ncols = min(ncols, len(names))
-    nrows = math.ceil(len(names) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=((1.4 + 0.75 * len(r.lengths)) * ncols + 1.2,
-                                                    (0.8 + 0.34 * len(tasks)) * nrows + 0.4),
-                             squeeze=False, constrained_layout=True)
-    for ax in axes.flat[len(names):]:
-        ax.set_visible(False)
-    for k, (ax, name) in enumerate(zip(axes.flat, names)):
-        acc = np.array([[r.cell(name, t, n)[0] for n in r.lengths] for t in tasks]) / 100
-        ax.imshow(acc, cmap=_CMAP, vmin=0, vmax=1, aspect="auto")
-        for i, t in enumerate(tasks):
-            for j, n in enumerate(r.lengths):
-                floor = not r.qualifies(t, n)
-                if floor:
-                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", lw=0,
-                                               color="#555555"))
-                ax.text(j, i, fmt(acc[i, j] * 100, ".0f"), ha="center", va="center", fontsize=8,
-                        color="white" if not math.isnan(acc[i, j]) and (acc[i, j] < 0.3 or acc[i, j] > 0.7)
-                        else "black")
-        ax.set_xticks(range(len(r.lengths)), [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in r.lengths])
-        ax.set_yticks(range(len(tasks)), tasks if k % ncols == 0 else [""] * len(tasks))
-        ax.set_title(name, fontsize=9)
-        ax.grid(False)
-    return Figure(fig, f"RULER accuracy per task and length for {len(names)} caches; hatched cells are floors")
+def _columns(r: RulerResult) -> list[tuple[str, int]]:
+    """The (task, length) cells a run measured, length by length."""
+    return [(t, n) for n in r.lengths for t in r.tasks() if r.scores(EXACT, t, n)]
+
+
+def plot_heatmaps(r: RulerResult) -> Figure:
+    """Accuracy per cache (rows, the exact cache first) and (task, length) cell (columns); a hatched
+    column is a floor (the exact cache is below the qualifying accuracy there, the schemes not
+    compared), a blank cell one that was not run."""
+    cols, names = _columns(r), list(r.schemes)
+    acc = np.array([[r.cell(name, t, n)[0] for t, n in cols] for name in names]) / 100
+    fig, ax = plt.subplots(figsize=(2.2 + 0.95 * len(cols), 0.9 + 0.27 * len(names)), constrained_layout=True)
+    ax.imshow(np.ma.masked_invalid(acc), cmap=_CMAP, vmin=0, vmax=1, aspect="auto")
+    for j, (t, n) in enumerate(cols):
+        if not r.qualifies(t, n):
+            ax.add_patch(plt.Rectangle((j - 0.5, -0.5), 1, len(names), fill=False, hatch="///", lw=0,
+                                       color="#999999"))
+        for i in range(len(names)):
+            v = acc[i, j]
+            if not math.isnan(v):
+                ax.text(j, i, fmt(v * 100, ".0f"), ha="center", va="center", fontsize=7.5,
+                        color="white" if v < 0.3 or v > 0.7 else "black")
+    ax.set_xticks(range(len(cols)), [f"{t}\n{n // 1024}K" if n % 1024 == 0 else f"{t}\n{n}" for t, n in cols],
+                  fontsize=8)
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.grid(False)
+    return Figure(fig, f"RULER accuracy (%) of {len(names)} caches per task and length; hatched columns are floors")
 
 
 def average_table(r: RulerResult) -> HTML:
@@ -80,69 +81,82 @@ def average_table(r: RulerResult) -> HTML:
 
 
 def cell_table(r: RulerResult) -> HTML:
-    """Every (task, length): the exact cache's accuracy and each cache's, with CIs; floors marked."""
-    names = list(r.schemes)
-    head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
+    """Every cache (rows) on every (task, length) (columns): accuracy with its CI, floors marked."""
+    cols = _columns(r)
+    head = "".join(f"<th>{html.escape(t)}<br>{n}" + (" <em>(floor)</em>" if not r.qualifies(t, n) else "")
+                   + f"<br><small>{len(r.scores(EXACT, t, n))} samples</small></th>" for t, n in cols)
     rows = []
-    for n in r.lengths:
-        for t in r.tasks():
-            floor = not r.qualifies(t, n)
-            cells = []
-            for name in names:
-                a, lo, hi = r.cell(name, t, n)
-                ci = f" <small>[{fmt(lo, '.0f')}, {fmt(hi, '.0f')}]</small>" if not math.isnan(lo) else ""
-                cells.append(f"<td>{fmt(a, '.0f')}{ci}</td>")
-            tag = " <em>(floor)</em>" if floor else ""
-            rows.append(f"<tr><td>{n}</td><td>{t}{tag}</td><td>{len(r.scores(EXACT, t, n))}</td>{''.join(cells)}</tr>")
-    return HTML(f"<table><tr><th>length</th><th>task</th><th>samples</th>{head}</tr>{''.join(rows)}</table>")
+    for name in r.schemes:
+        cells = []
+        for t, n in cols:
+            a, lo, hi = r.cell(name, t, n)
+            ci = f" <small>[{fmt(lo, '.0f')}, {fmt(hi, '.0f')}]</small>" if not math.isnan(lo) else ""
+            cells.append(f"<td>{fmt(a, '.0f')}{ci}</td>")
+        rows.append(f"<tr><td><code>{html.escape(name)}</code></td>{''.join(cells)}</tr>")
+    return HTML(f"<table><tr><th>cache</th>{head}</tr>{''.join(rows)}</table>")
 
 
 def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
     """Per length: each cache's RULER average over the qualifying tasks (with its CI) against its
-    cache's size; quantization and eviction on one plot."""
-    fig, axes = plt.subplots(1, len(r.lengths), figsize=(5.2 * len(r.lengths), 3.8), squeeze=False,
+    cache's size; the codecs as labelled points, each eviction press as one line across its bytes."""
+    fig, axes = plt.subplots(1, len(r.lengths), figsize=(8.5 * len(r.lengths), 5.6), squeeze=False,
                              constrained_layout=True)
     for ax, n in zip(axes.flat, r.lengths):
-        seen, placed = set(), []
+        placed: list[tuple[float, float]] = []
+        lines: dict[str, list[tuple[float, float, float, float]]] = {}
         for name, meta in r.schemes.items():
             a, lo, hi = r.average(name, n, qualifying_only=True)
             mb = r.megabytes(name, n)
             if math.isnan(a) or math.isnan(mb):
                 continue
+            if meta["kind"] == "evict":
+                lines.setdefault(name.split("@", 1)[0], []).append((mb, a, lo, hi))
+                continue
             color, marker, label = _KIND_STYLE.get(meta["kind"], _KIND_STYLE["transform"])
             yerr = None if math.isnan(lo) else [[a - lo], [hi - a]]
             ax.errorbar([mb], [a], yerr=yerr, fmt=marker, color=color, capsize=3,
-                        label=None if label in seen else label)
-            seen.add(label)
-            near = sum(abs(math.log(mb / m)) < 0.05 and abs(a - y) < 4 for m, y in placed)
+                        label=label if not any(h.get_label() == label for h in ax.lines + ax.containers) else None)
+            near = sum(abs(math.log(mb / m)) < 0.06 and abs(a - y) < 5 for m, y in placed)
             placed.append((mb, a))
-            ax.annotate(name, (mb, a), textcoords="offset points", xytext=(6, 4 + 10 * near), fontsize=7.5)
+            ax.annotate(name, (mb, a), textcoords="offset points", xytext=(6, -12 - 9 * near) if a > 90 else
+                        (6, 4 + 9 * near), fontsize=7.5, color=color)
+        for k, (press, pts) in enumerate(sorted(lines.items())):
+            pts.sort()
+            x, y = [p[0] for p in pts], [p[1] for p in pts]
+            err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+            ax.errorbar(x, y, yerr=None if any(math.isnan(e) for e in err[0]) else err, fmt="s-",
+                        color=_PRESS_COLORS[k % len(_PRESS_COLORS)], capsize=2, ms=4, lw=1.2, alpha=0.85,
+                        label=f"eviction: {press} (at each scheme's bytes)")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_ylim(-5, 105)
+        ax.set_ylim(-5, 108)
         ax.set_xlabel("context cache (MB, log scale)")
         ax.set_ylabel("RULER average, qualifying tasks (%)")
         ax.set_title(f"{n} tokens")
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="center right")
     return Figure(fig, "RULER average against cache size, quantization and eviction, one panel per length")
 
 
 def reading(r: RulerResult) -> str:
-    """Plain language: which cells qualify, and where a cache loses more than the CI allows."""
-    tasks = r.tasks()
+    """Plain language: which cells qualify, and per qualifying cell the caches that lose more than
+    the CI allows (their CI's upper end below the exact cache's accuracy)."""
     out = []
     for n in r.lengths:
+        tasks = [t for t in r.tasks() if r.scores(EXACT, t, n)]
         q = [t for t in tasks if r.qualifies(t, n)]
         floors = [t for t in tasks if t not in q]
         out.append(f"- **{n} tokens**: the exact cache reaches {RULER_EXACT_FLOOR:.0f} % on {len(q)} of "
                    f"{len(tasks)} tasks" + (f" (floors: {', '.join(floors)})" if floors else "") + ".")
-        for name in r.schemes:
-            if name == EXACT:
-                continue
-            worse = [t for t in q if r.cell(name, t, n)[2] < r.cell(EXACT, t, n)[0]]
-            if worse:
-                out.append(f"  - `{name}` scores below the exact cache beyond its CI on {', '.join(worse)}.")
+        for t in q:
+            exact = r.cell(EXACT, t, n)[0]
+            for kind, what in (("kvq", "quantized"), ("evict", "evicted"), ("transform", "other")):
+                worse = [name for name, m in r.schemes.items() if m["kind"] == kind and r.cell(name, t, n)[2] < exact]
+                same = [name for name, m in r.schemes.items() if m["kind"] == kind and r.cell(name, t, n)[2] >= exact]
+                if worse or same:
+                    out.append(f"  - {t}, {what} caches: " + (f"below the exact cache beyond their CI: "
+                               f"{', '.join(f'`{w}`' for w in worse)}" if worse else "none below the exact cache "
+                               "beyond its CI") + (f"; within it: {len(same)}" if worse and same else "") + ".")
     for note in r.notes:
         out.append(f"- note: {note}")
     return "\n".join(out)

@@ -181,6 +181,24 @@ class RulerResult:
             out.append(head + ": " + ", ".join(parts))
         return "; ".join(out) + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
+    def headline(self) -> str:
+        """Per length, in a line: the qualifying tasks, and on them the exact cache's average and the
+        range of the codecs' and the presses' (the summary names every cache)."""
+        out = []
+        for n in self.lengths:
+            tasks = [t for t in self.tasks() if self.scores(EXACT, t, n)]
+            q = [t for t in tasks if self.qualifies(t, n)]
+            line = f"At {n} tokens {len(q)} of {len(tasks)} tasks qualify" + (f" ({', '.join(q)})" if q else "")
+            if q:
+                line += f": the exact cache averages {self.average(EXACT, n, True)[0]:.0f} % on them"
+                for kind, what in (("kvq", "the quantized caches"), ("evict", "the evicted ones")):
+                    v = [self.average(m, n, True)[0] for m, meta in self.schemes.items() if meta["kind"] == kind]
+                    v = [x for x in v if not math.isnan(x)]
+                    if v:
+                        line += f", {what} {min(v):.0f} to {max(v):.0f} %"
+            out.append(line + ".")
+        return " ".join(out)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RulerResult":
         """Back from ``to_dict`` (a report renders a saved run without recomputing it)."""
