@@ -258,7 +258,7 @@ def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
     lm, tok = embedded
     asked = []
 
-    def never_found(self, s, names, known, label=""):  # the exact cache never finds it (no model run)
+    def never_found(self, s, names, known, label="", keep=False):  # the exact cache never finds it (no model run)
         asked.append(names)
         return {**known, **{m: {"answer": "", "score": 0.0, "seconds": 0.0, "cache_bytes": 0} for m in names}}
 
@@ -272,7 +272,7 @@ def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
     asked.clear()
     found = iter([1.0, 1.0, 0.0, 0.0])
 
-    def first_two_found(self, s, names, known, label=""):  # what is missing is computed (one prefill)
+    def first_two_found(self, s, names, known, label="", keep=False):  # what is missing is computed (one prefill)
         missing = [m for m in names if m not in known]
         if missing:
             asked.append(missing)
@@ -284,6 +284,25 @@ def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
                   TEXT, transforms={"zeroed": zeroed})
     assert asked == [[EXACT], [EXACT], [EXACT, "zeroed"], [EXACT, "zeroed"], ["zeroed"], ["zeroed"]]
     assert r.scores("zeroed", "niah_single_1", 512) == [0.0] * 4 and r.cell(EXACT, "niah_single_1", 512)[0] == 50.0
+
+
+def test_a_qualifying_cell_prefills_each_sample_once(embedded, tmp_path, monkeypatch):
+    """The samples the exact cache answered alone keep their prefill (bit for bit) until the
+    schemes need it: one prefill per sample, and the answers of a single pass."""
+    import kvlib.checks.ruler.run as run_mod
+
+    lm, tok = embedded
+    calls = []
+    real = run_mod.prefill_observed
+    monkeypatch.setattr(run_mod, "prefill_observed", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=3, presses=("knorm",))
+    r = run_ruler(lm, tok, [], tmp_path / "a", cfg, TEXT, transforms={"same": identity})
+    assert len(calls) == 3 and not list((tmp_path / "a").rglob("*.pt"))  # nothing left behind
+    once = run_ruler(lm, tok, [], tmp_path / "b", RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=3,
+                                                              presses=("knorm",), floors=True), TEXT,
+                     transforms={"same": identity})
+    assert [a.answer for a in r.answers["same"]] == [a.answer for a in once.answers["same"]]
+    assert [a.answer for a in r.answers[EXACT]] == [a.answer for a in once.answers[EXACT]]
 
 
 def test_presses_run_once_per_distinct_bytes():

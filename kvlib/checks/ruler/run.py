@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvlib.cache.layout import cache_layers, layout_of
+import torch
+
+from kvlib.cache.layout import CacheLayout, cache_layers, layout_of, make_cache
 from kvlib.checks.ruler.score import accuracy, average, score
 from kvlib.checks.ruler.tasks import TASKS, Environment, Sample
 from kvlib.codec.spec import CodecConfig, nominal_bits
@@ -328,7 +330,8 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
     every = {**transforms, **{k: p for k, (p, _) in presses.items()}}
     specs = {EXACT: "exact", **{k: unit_key_of(t) or k for k, t in every.items()}}
     answers: dict[str, list[RulerAnswer]] = {k: [] for k in schemes}
-    runner = _Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes, progress)
+    runner = _Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes, progress,
+                     Path(workdir) / "prefills")
     t_start = time.perf_counter()
     for n, task in cells:
         samples = [task.sample(tokenizer, n, config.seed, i, env) for i in range(config.samples)]
@@ -338,7 +341,7 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
         sure = config.floors
         for i, s in enumerate(samples):
             names = [m for m in schemes if m not in runner.refused] if sure else [EXACT]
-            known.append(runner.answer(s, names, {}, f"ruler {n} {task.name} #{i}"))
+            known.append(runner.answer(s, names, {}, f"ruler {n} {task.name} #{i}", keep=not sure))
             scores = [k[EXACT]["score"] for k in known]
             if not config.floors and ruler_out_of_reach(scores, len(samples)):
                 break
@@ -353,6 +356,7 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
         else:
             notes.append(f"{task.name} at {n}: a floor (the exact cache {exact:.0f} %{stopped}), the schemes not run "
                          "on it (--ruler-floors runs them)")
+        runner.forget()
         for i, (s, got) in enumerate(zip(samples, known)):
             for name, body in got.items():
                 answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
@@ -367,7 +371,9 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
 @dataclass
 class _Runner:
     """Answers of one sample from the store, or computed: the context prefilled once for every
-    cache missing, each unit put in the store as it is made."""
+    cache missing, each unit put in the store as it is made. A prefill asked to be kept waits in
+    ``spill`` (a directory) for the sample's next call: the exact cache answers first, and the
+    schemes, if the cell qualifies, later from the same prefill instead of a second one."""
 
     model: Any
     tokenizer: Any
@@ -377,11 +383,38 @@ class _Runner:
     stop: tuple[int, ...]
     notes: list[str]
     progress: bool = False
+    spill: Path | None = None
     refused: dict[str, str] = field(default_factory=dict)  # a press that cannot evict this layout, and why
     prefill_s: float = 0.0
 
-    def answer(self, s: Sample, names: list[str], known: dict[str, dict], label: str = "") -> dict[str, dict]:
-        """``known`` and the answers of ``names`` to sample ``s`` (a press refused is left out)."""
+    def _prefilled(self, model: Any, s: Sample, inputs: str, keep: bool) -> tuple[Any, list[Any]]:
+        """The sample's exact cache and observed queries: kept from its last call, or prefilled
+        (and kept, bit for bit, when ``keep``)."""
+        path = self.spill / f"{inputs}.pt" if self.spill is not None else None
+        if path is not None and path.exists():
+            d = torch.load(path, weights_only=True)
+            path.unlink()
+            return make_cache(d["layers"], CacheLayout.from_string(d["windows"], d["seen"])), d["queries"]
+        t0 = time.perf_counter()
+        cache, queries = prefill_observed(model, s.context, SnapKV.window)
+        self.prefill_s += time.perf_counter() - t0
+        if keep and path is not None:
+            layout = layout_of(cache)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"layers": cache_layers(cache), "windows": layout.to_string(), "seen": layout.seen,
+                        "queries": queries}, path)
+        return cache, queries
+
+    def forget(self) -> None:
+        """Drop every kept prefill (a cell that turned out a floor)."""
+        if self.spill is not None:
+            for f in self.spill.glob("*.pt"):
+                f.unlink()
+
+    def answer(self, s: Sample, names: list[str], known: dict[str, dict], label: str = "",
+               keep: bool = False) -> dict[str, dict]:
+        """``known`` and the answers of ``names`` to sample ``s`` (a press refused is left out);
+        ``keep``: keep its prefill for the next call on it."""
         inputs = digest([s.context, s.question, s.references, s.max_new_tokens, s.metric, list(self.stop)])
         got = dict(known)
         for name in names:
@@ -393,8 +426,7 @@ class _Runner:
         if missing:
             t0 = time.perf_counter()
             lm = self.model.get() if hasattr(self.model, "get") else self.model  # a LazyModel loads here, once
-            cache, queries = prefill_observed(lm, s.context, SnapKV.window)
-            self.prefill_s += time.perf_counter() - t0
+            cache, queries = self._prefilled(lm, s, inputs, keep)
             for name, body in _answers(lm, self.tokenizer, s, missing, self.every, cache, queries, self.stop,
                                        self.refused, self.notes).items():
                 self.units.put(inputs, self.specs[name], body)
