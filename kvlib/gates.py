@@ -3,6 +3,8 @@ the reports read them from here and never repeat the numbers."""
 
 from __future__ import annotations
 
+import numpy as np
+
 # Pass when the perplexity delta over the tokens that attended to a compressed
 # context is below this (the KVQuant-style gate of the design documents).
 PPL_DELTA_THRESHOLD = 0.5
@@ -45,12 +47,19 @@ def ruler_qualifies(exact_accuracy: float, floor: float = RULER_EXACT_FLOOR) -> 
     return exact_accuracy >= floor
 
 
+def _mean_percent(scores: list[float]) -> float:
+    """The accuracy of ``scores`` as RULER's scoring computes it (float64 mean × 100), so a bound
+    decided on partial scores agrees with the accuracy computed at the end."""
+    return float(np.asarray(scores, dtype=np.float64).mean() * 100)
+
+
 def ruler_sure(exact_scores: list[float], samples: int, floor: float = RULER_EXACT_FLOOR) -> bool:
-    """Whether the exact cache qualifies on a cell of ``samples`` samples whatever the rest score."""
-    return sum(exact_scores) / samples * 100 >= floor
+    """Whether the exact cache qualifies on a cell of ``samples`` samples whatever the rest score
+    (a score of 0 on every one still to come would leave it at the floor or above)."""
+    return ruler_qualifies(_mean_percent(list(exact_scores) + [0.0] * (samples - len(exact_scores))), floor)
 
 
 def ruler_out_of_reach(exact_scores: list[float], samples: int, floor: float = RULER_EXACT_FLOOR) -> bool:
     """Whether the exact cache can no longer qualify on a cell of ``samples`` samples: a score of 1
     on every one still to come would leave its accuracy below the floor (so the rest need not run)."""
-    return (sum(exact_scores) + samples - len(exact_scores)) / samples * 100 < floor
+    return not ruler_qualifies(_mean_percent(list(exact_scores) + [1.0] * (samples - len(exact_scores))), floor)

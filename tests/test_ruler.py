@@ -305,6 +305,25 @@ def test_a_qualifying_cell_prefills_each_sample_once(embedded, tmp_path, monkeyp
     assert [a.answer for a in r.answers[EXACT]] == [a.answer for a in once.answers[EXACT]]
 
 
+def test_caches_are_built_and_decoded_in_chunks_within_the_memory_budget():
+    """A sample's caches come in chunks whose caches and padded batch fit the budget: the
+    full-length ones first, then the presses by tokens kept (an 8K grid of every preset and press
+    ran out of 24 GB when all were alive at once)."""
+    from kvlib.checks.ruler.run import decode_chunks
+    from kvlib.transforms.evict import make_press
+
+    every = {"int4": object(), "q8_0": object(), "knorm@int4": make_press("knorm", 0.734),
+             "knorm@q8_0": make_press("knorm", 0.469), "snapkv@int4": make_press("snapkv", 0.734)}
+    names = [EXACT, *every]
+    assert decode_chunks(names, every, 100, budget=10_000) == [[EXACT, "int4", "q8_0"],
+                                                             ["knorm@q8_0", "knorm@int4", "snapkv@int4"]]
+    assert decode_chunks(names, every, 100, budget=400) == [[EXACT, "int4"], ["q8_0"],  # 2 rows of 100, twice
+                                                          ["knorm@q8_0", "knorm@int4", "snapkv@int4"]]
+    assert decode_chunks(names, every, 100, budget=250)[3:] == [["knorm@q8_0", "knorm@int4"], ["snapkv@int4"]]
+    assert decode_chunks(names, every, 100, budget=1) == [[n] for n in [EXACT, "int4", "q8_0", "knorm@q8_0",
+                                                                       "knorm@int4", "snapkv@int4"]]
+
+
 def test_presses_run_once_per_distinct_bytes():
     """Codecs of equal bits share their presses' rows (the same tokens kept): one row per press and
     bytes, named after the first codec of those bytes, comparing to all of them."""

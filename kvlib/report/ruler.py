@@ -107,7 +107,7 @@ def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
         for name, meta in r.schemes.items():
             a, lo, hi = r.average(name, n, qualifying_only=True)
             mb = r.megabytes(name, n)
-            if math.isnan(a) or math.isnan(mb):
+            if math.isnan(a) or math.isnan(mb) or mb <= 0:  # no size known: no place on a log axis
                 continue
             if meta["kind"] == "evict":
                 lines.setdefault(name.split("@", 1)[0], []).append((mb, a, lo, hi))

@@ -10,6 +10,7 @@ codec, each press keeps the tokens whose 16-bit keys and values take that codec'
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ from kvlib.transforms.codec import cache_transforms
 from kvlib.transforms.evict import PRESSES, SnapKV, make_press, ratio_at_bits
 
 EXACT = "exact"
+SPILL_BYTES = 16 * 2**30  # prefills kept for the schemes, at most (past it, a sample is prefilled again)
+DECODE_BATCH_BYTES = 8 * 2**30  # the caches of one sample alive at once, at most (built and batched by chunks)
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_multikey_1", "vt", "fwe")
 ALL_TASKS = tuple(TASKS)
 
@@ -239,6 +242,8 @@ class RulerResult:
         return {"config": self.config, "lengths": self.lengths, "schemes": self.schemes, "notes": self.notes,
                 "timing": self.timing, "exact_floor": RULER_EXACT_FLOOR, "table": self.table(),
                 "averages": {name: {str(n): self.average(name, n) for n in self.lengths} for name in self.schemes},
+                "averages_qualifying": {name: {str(n): self.average(name, n, True) for n in self.lengths}
+                                        for name in self.schemes},
                 "answers": {k: [asdict(a) for a in v] for k, v in self.answers.items()}, "summary": self.summary()}
 
 
@@ -330,42 +335,49 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
     every = {**transforms, **{k: p for k, (p, _) in presses.items()}}
     specs = {EXACT: "exact", **{k: unit_key_of(t) or k for k, t in every.items()}}
     answers: dict[str, list[RulerAnswer]] = {k: [] for k in schemes}
-    runner = _Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes, progress,
-                     Path(workdir) / "prefills")
+    Path(workdir).mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    for n, task in cells:
-        samples = [task.sample(tokenizer, n, config.seed, i, env) for i in range(config.samples)]
-        # The exact cache first: only where it does the task are the schemes compared.
-        # Once it is sure to qualify, every cache answers from the one prefill of a sample.
-        known: list[dict[str, dict]] = []
-        sure = config.floors
-        for i, s in enumerate(samples):
-            names = [m for m in schemes if m not in runner.refused] if sure else [EXACT]
-            known.append(runner.answer(s, names, {}, f"ruler {n} {task.name} #{i}", keep=not sure))
-            scores = [k[EXACT]["score"] for k in known]
-            if not config.floors and ruler_out_of_reach(scores, len(samples)):
-                break
-            sure = sure or ruler_sure(scores, len(samples))
-        exact = accuracy([k[EXACT]["score"] for k in known])[0]
-        stopped = "" if len(known) == len(samples) else (
-            f" on {len(known)} of {len(samples)} samples: a score of 1 on the rest could not lift it to "
-            f"{RULER_EXACT_FLOOR:.0f} %")
-        if config.floors or ruler_qualifies(exact):
-            known = [runner.answer(s, [m for m in schemes if m not in runner.refused], k, f"ruler {n} {task.name} #{i}")
-                     for i, (s, k) in enumerate(zip(samples, known))]
-        else:
-            notes.append(f"{task.name} at {n}: a floor (the exact cache {exact:.0f} %{stopped}), the schemes not run "
-                         "on it (--ruler-floors runs them)")
-        runner.forget()
-        for i, (s, got) in enumerate(zip(samples, known)):
-            for name, body in got.items():
-                answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
-    refused = runner.refused
-    for name in refused:
+    with tempfile.TemporaryDirectory(prefix="prefills-", dir=workdir) as spill:  # this run's own
+        runner = _Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes,
+                         progress, Path(spill))
+        for n, task in cells:
+            _run_cell(runner, n, task, config, env, list(schemes), answers)
+    for name in runner.refused:
         schemes.pop(name, None)
         answers.pop(name, None)
     return RulerResult(asdict(config), lengths, answers, schemes, notes,
                        {"prefill_s": runner.prefill_s, "total_s": time.perf_counter() - t_start})
+
+
+def _run_cell(runner: "_Runner", n: int, task: Any, config: RulerConfig, env: Environment, schemes: list[str],
+              answers: dict[str, list[RulerAnswer]]) -> None:
+    """One (length, task) cell: the exact cache first, sample by sample; only where it does the
+    task are the schemes compared (once it is sure to qualify, every cache answers from the one
+    prefill of a sample; the samples before wait on their kept prefill)."""
+    samples = [task.sample(runner.tokenizer, n, config.seed, i, env) for i in range(config.samples)]
+    known: list[dict[str, dict]] = []
+    sure = config.floors
+    for i, s in enumerate(samples):
+        names = [m for m in schemes if m not in runner.refused] if sure else [EXACT]
+        known.append(runner.answer(s, names, {}, f"ruler {n} {task.name} #{i}", keep=not sure))
+        scores = [k[EXACT]["score"] for k in known]
+        if not config.floors and ruler_out_of_reach(scores, len(samples)):
+            break
+        sure = sure or ruler_sure(scores, len(samples))
+    exact = accuracy([k[EXACT]["score"] for k in known])[0]
+    stopped = "" if len(known) == len(samples) else (
+        f" on {len(known)} of {len(samples)} samples: a score of 1 on the rest could not lift it to "
+        f"{RULER_EXACT_FLOOR:.0f} %")
+    if config.floors or ruler_qualifies(exact):
+        known = [runner.answer(s, [m for m in schemes if m not in runner.refused], k, f"ruler {n} {task.name} #{i}")
+                 for i, (s, k) in enumerate(zip(samples, known))]
+    else:
+        runner.notes.append(f"{task.name} at {n}: a floor (the exact cache {exact:.0f} %{stopped}), the schemes not "
+                            "run on it (--ruler-floors runs them)")
+    runner.forget()
+    for i, (s, got) in enumerate(zip(samples, known)):
+        for name, body in got.items():
+            answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
 
 
 @dataclass
@@ -383,7 +395,8 @@ class _Runner:
     stop: tuple[int, ...]
     notes: list[str]
     progress: bool = False
-    spill: Path | None = None
+    spill: Path | None = None  # a directory of this run's own
+    spilled: int = 0  # bytes kept there now
     refused: dict[str, str] = field(default_factory=dict)  # a press that cannot evict this layout, and why
     prefill_s: float = 0.0
 
@@ -394,22 +407,26 @@ class _Runner:
         if path is not None and path.exists():
             d = torch.load(path, weights_only=True)
             path.unlink()
+            self.spilled -= sum(t.numel() * t.element_size() for kv in d["layers"] for t in kv)
             return make_cache(d["layers"], CacheLayout.from_string(d["windows"], d["seen"])), d["queries"]
         t0 = time.perf_counter()
         cache, queries = prefill_observed(model, s.context, SnapKV.window)
         self.prefill_s += time.perf_counter() - t0
-        if keep and path is not None:
-            layout = layout_of(cache)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"layers": cache_layers(cache), "windows": layout.to_string(), "seen": layout.seen,
-                        "queries": queries}, path)
+        layers = cache_layers(cache)
+        size = sum(t.numel() * t.element_size() for kv in layers for t in kv)
+        if keep and path is not None and self.spilled + size <= SPILL_BYTES:
+            layout = layout_of(cache)  # contiguous copies: a sliding layer's keys are views of more
+            torch.save({"layers": [(k.contiguous(), v.contiguous()) for k, v in layers],
+                        "windows": layout.to_string(), "seen": layout.seen, "queries": queries}, path)
+            self.spilled += size
         return cache, queries
 
     def forget(self) -> None:
-        """Drop every kept prefill (a cell that turned out a floor)."""
+        """Drop every kept prefill (at the end of a cell: what is left is not needed)."""
         if self.spill is not None:
             for f in self.spill.glob("*.pt"):
                 f.unlink()
+        self.spilled = 0
 
     def answer(self, s: Sample, names: list[str], known: dict[str, dict], label: str = "",
                keep: bool = False) -> dict[str, dict]:
@@ -462,10 +479,43 @@ def decode_groups(caches: dict[str, Any], padded: bool = True) -> list[list[str]
     return list(groups.values())
 
 
+def decode_chunks(names: list[str], every: dict[str, Any], row_bytes: int,
+                  budget: int = DECODE_BATCH_BYTES) -> list[list[str]]:
+    """The caches of one sample in the chunks they are built and decoded in, so that the caches
+    alive at once stay within ``budget`` bytes (each chunk's rows padded to its longest): the
+    full-length ones (the exact cache, the codecs') first, then the presses' by tokens kept."""
+    full = [n for n in names if getattr(every.get(n), "kind", "") != "evict"]
+    evicted = sorted((n for n in names if n not in full), key=lambda n: -every[n].keep)
+    chunks: list[list[str]] = []
+    for group in (full, evicted):
+        chunk: list[str] = []
+        for n in group:
+            width = row_bytes * (every[n].keep if n in evicted else 1.0)
+            longest = max([width] + [row_bytes * (every[m].keep if m in evicted else 1.0) for m in chunk])
+            if chunk and longest * (len(chunk) + 1) * 2 > budget:  # the caches and their padded batch
+                chunks.append(chunk)
+                chunk = []
+            chunk.append(n)
+        if chunk:
+            chunks.append(chunk)
+    return chunks
+
+
 def _answers(model: Any, tokenizer: Any, s: Sample, names: list[str], every: dict[str, Any], cache: Any,
              queries: Any, stop: tuple[int, ...], refused: dict[str, str], notes: list[str]) -> dict[str, dict]:
-    """The answers of ``names`` to one sample: their caches built and decoded in ``decode_groups``'
-    batches. A press that cannot evict this layout is refused (named in ``notes``) and left out."""
+    """The answers of ``names`` to one sample, chunk by chunk (``decode_chunks``: memory bounded):
+    each chunk's caches built, then decoded in ``decode_groups``' batches. A press that cannot
+    evict this layout is refused (named in ``notes``) and left out."""
+    row_bytes = sum(t.numel() * t.element_size() for kv in cache_layers(cache) for t in kv)
+    out: dict[str, dict] = {}
+    for chunk in decode_chunks(names, every, row_bytes):
+        out.update(_answer_chunk(model, tokenizer, s, chunk, every, cache, queries, stop, refused, notes))
+    return {n: out[n] for n in names if n in out}
+
+
+def _answer_chunk(model: Any, tokenizer: Any, s: Sample, names: list[str], every: dict[str, Any], cache: Any,
+                  queries: Any, stop: tuple[int, ...], refused: dict[str, str], notes: list[str]) -> dict[str, dict]:
+    """One chunk's caches built and decoded."""
     built: dict[str, tuple[Any, int, float]] = {}
     for name in names:
         t0 = time.perf_counter()
@@ -499,4 +549,4 @@ def _answers(model: Any, tokenizer: Any, s: Sample, names: list[str], every: dic
             text = tokenizer.decode(tokens, skip_special_tokens=True)
             out[n] = {"answer": text, "score": score(s.metric, text, s.references),
                       "seconds": built[n][2] + share, "cache_bytes": built[n][1]}
-    return {n: out[n] for n in names if n in out}
+    return out
