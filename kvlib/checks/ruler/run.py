@@ -258,6 +258,11 @@ def stop_tokens(config: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(sorted(set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])))
 
 
+def _held_bytes(layers: list[tuple[Any, Any]]) -> int:
+    """The bytes (key, value) tensors take in memory, in their own dtype."""
+    return sum(t.numel() * t.element_size() for kv in layers for t in kv)
+
+
 def _exact_bytes(cache: Any) -> int:
     return sum(2 * (k.numel() + v.numel()) for k, v in cache_layers(cache))
 
@@ -407,13 +412,13 @@ class _Runner:
         if path is not None and path.exists():
             d = torch.load(path, weights_only=True)
             path.unlink()
-            self.spilled -= sum(t.numel() * t.element_size() for kv in d["layers"] for t in kv)
+            self.spilled -= _held_bytes(d["layers"])
             return make_cache(d["layers"], CacheLayout.from_string(d["windows"], d["seen"])), d["queries"]
         t0 = time.perf_counter()
         cache, queries = prefill_observed(model, s.context, SnapKV.window)
         self.prefill_s += time.perf_counter() - t0
         layers = cache_layers(cache)
-        size = sum(t.numel() * t.element_size() for kv in layers for t in kv)
+        size = _held_bytes(layers)
         if keep and path is not None and self.spilled + size <= SPILL_BYTES:
             layout = layout_of(cache)  # contiguous copies: a sliding layer's keys are views of more
             torch.save({"layers": [(k.contiguous(), v.contiguous()) for k, v in layers],
@@ -506,7 +511,7 @@ def _answers(model: Any, tokenizer: Any, s: Sample, names: list[str], every: dic
     """The answers of ``names`` to one sample, chunk by chunk (``decode_chunks``: memory bounded):
     each chunk's caches built, then decoded in ``decode_groups``' batches. A press that cannot
     evict this layout is refused (named in ``notes``) and left out."""
-    row_bytes = sum(t.numel() * t.element_size() for kv in cache_layers(cache) for t in kv)
+    row_bytes = _held_bytes(cache_layers(cache))
     out: dict[str, dict] = {}
     for chunk in decode_chunks(names, every, row_bytes):
         out.update(_answer_chunk(model, tokenizer, s, chunk, every, cache, queries, stop, refused, notes))
