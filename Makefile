@@ -44,6 +44,11 @@ ZOO_SCHEMES ?= int4,kivi4,rot4,q4_0,q8_0
 ZOO_WINDOWS ?= 8
 # make zoo BUDGET=3.25 adds each model's own mix@3.25; make sweep's default budget does not reach the zoo.
 ZOO_BUDGET  := $(if $(filter command line environment,$(origin BUDGET)),$(BUDGET),)
+# RULER beside each model's sweep: run at these lengths (e.g. 4096,8192; units resume across runs), or
+# attach saved `kv-validate --ruler --json` runs (files, spaces or commas between them).
+ZOO_RULER_LENGTHS ?=
+ZOO_RULER_SAMPLES ?= 25
+ZOO_RULER_JSON    ?=
 # Beyond perplexity (empty: the notebook's defaults). RETRIEVAL=False / GENERATION=False skip a check.
 RETRIEVAL          ?=
 RETRIEVAL_LENGTHS  ?=
@@ -52,7 +57,7 @@ GENERATION_PROMPTS ?=
 CHECKS = $(if $(RETRIEVAL),-p retrieval $(RETRIEVAL)) $(if $(RETRIEVAL_LENGTHS),-r retrieval_lengths "$(RETRIEVAL_LENGTHS)") \
   $(if $(GENERATION),-p generation $(GENERATION)) $(if $(GENERATION_PROMPTS),-p generation_prompts $(GENERATION_PROMPTS))
 # make test's tiny grid: two haystacks of 128 tokens, two prompts of 64 tokens, 4 new tokens.
-TINY_CHECKS = -r retrieval_lengths 128 -r retrieval_depths "0,1" -p generation_prompts 2 -p generation_context 64 \
+TINY_CHECKS = -r retrieval_lengths 384 -r retrieval_depths "0,1" -p generation_prompts 2 -p generation_context 64 \
   -p generation_tokens 4
 # make test's tiny windows: two of 256 tokens at stride 128 (one with a compressed context).
 TINY_WINDOWS = -p max_windows 2 -p context_length 256 -p stride 128
@@ -171,7 +176,9 @@ zoo: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed
 	$(PAPERMILL) notebooks/zoo.ipynb $(BUILD)/executed/zoo.ipynb -k kvlib -r models "$(ZOO_MODELS)" \
 	  -r schemes "$(ZOO_SCHEMES)" -p peers $(PEERS) -p corpus $(CORPUS) -p max_windows $(ZOO_WINDOWS) -p stride $(STRIDE) \
-	  -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) -r budget "$(ZOO_BUDGET)"
+	  -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) -r budget "$(ZOO_BUDGET)" \
+	  -r ruler_lengths "$(ZOO_RULER_LENGTHS)" -p ruler_samples $(ZOO_RULER_SAMPLES) \
+	  -r ruler_json "$(subst $(SPACE),$(COMMA),$(strip $(abspath $(ZOO_RULER_JSON))))"
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/zoo.ipynb
 	@echo "Zoo: $(CURDIR)/$(REPORTS)/zoo.html (results: $(REPORTS)/zoo.json)"
 

@@ -92,3 +92,37 @@ def test_spearman():
 def test_bad_model_fails_before_any_sweep(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
         crossmodel.run_models(["embedded", str(tmp_path / "nope.gguf")], ["int4"], verbose=False)
+
+
+def test_saved_ruler_runs_give_the_zoo_its_ruler_columns(result, tmp_path):
+    """RULER runs attach to the sweep of the model they ran on (lengths merge) and every RULER
+    cell is that run's average over the qualifying tasks; a run of another model is refused."""
+    from test_ruler import made_result
+
+    _, d, dirs = result
+    zoo = crossmodel.CrossModelResult(**{k: json.loads(json.dumps(d[k])) for k in
+                                         crossmodel.CrossModelResult.__dataclass_fields__})
+    assert crossmodel_report.ruler_table(zoo) is None and "ZOO_RULER_LENGTHS" in crossmodel_report.ruler_reading(zoo)
+    r4 = made_result()
+    r4.config["model"] = dirs[1]
+    r8 = crossmodel.RulerResult.from_dict(json.loads(json.dumps(r4.to_dict()).replace("1024", "2048")))
+    paths = []
+    for i, r in enumerate((r4, r8)):
+        paths.append(tmp_path / f"ruler{i}.json")
+        paths[-1].write_text(json.dumps(r.to_dict()))
+    crossmodel.attach_ruler(zoo, paths)
+    assert "ruler" not in zoo.sweeps[0] and zoo.sweeps[1]["ruler"]["lengths"] == [1024, 2048]
+    headers, rows = crossmodel_report.ruler_rows(zoo)
+    assert headers == ["cache", f"{dirs[1]} · 1K", f"{dirs[1]} · 2K"]
+    assert [row[0] for row in rows] == ["exact", "int4"]  # the zoo's schemes the run has; presses left out
+    for row, name in zip(rows, ("exact", "int4")):
+        acc, lo, hi = r4.average(name, 1024, qualifying_only=True)
+        assert row[1] == row[2] and row[1].startswith(f"{acc:.0f} %") and f"[{lo:.0f}, {hi:.0f}]" in row[1]
+    assert "at 1K: niah_single_1 of 2 tasks" in crossmodel_report.ruler_reading(zoo)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(r4.to_dict(), config=dict(r4.config, model="someone-else"))))
+    with pytest.raises(ValueError, match=r"other.json: a RULER run of 'someone-else'"):
+        crossmodel.attach_ruler(zoo, [other])
+    with pytest.raises(ValueError, match="ruler0.json.*not a kvlib RULER result"):
+        paths[0].write_text("{}")
+        crossmodel.attach_ruler(zoo, [paths[0]])

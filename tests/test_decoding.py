@@ -1,5 +1,5 @@
-"""Beyond perplexity: pass-key haystacks are deterministic and put the key at
-the asked depth; the identity transform reproduces the exact cache's answers
+"""Beyond perplexity: pass-key prompts (RULER's niah_single_1) are deterministic and put the
+needle at the asked depth; the identity transform reproduces the exact cache's answers
 and continuations; the codec path is the real CLI, each context saved once."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from kvlib.report import decoding as decoding_report
-from kvlib.checks import retrieval
 from kvlib.checks.agreement import AgreementConfig, cut_prompts, first_divergence, run_agreement
 from kvlib.transforms.codec import CLICacheRoundtrip
 from kvlib.cache.layout import cache_layers, make_cache
 from kvlib.codec.spec import resolve_codec
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.scoring.generate import greedy_answers, greedy_continue, prefill, stack_caches, stack_padded
-from kvlib.checks.retrieval import RetrievalConfig, build_haystack, build_haystacks, run_retrieval
+from kvlib.checks.retrieval import RetrievalConfig, build_haystacks, run_retrieval
+from kvlib.checks.ruler.tasks import NOISE, TASKS, Environment, at_depth
 
-# The embedded model finds all 6 keys, each within 6 answer tokens (a space and five digits).
-TINY_R = RetrievalConfig(lengths=(128, 256), depths=(0.0, 0.5, 1.0), answer_tokens=6)
+# The embedded model finds all 6 pass keys (niah_single_1 at a fixed depth) at these lengths.
+TINY_R = RetrievalConfig(lengths=(384, 512), depths=(0.0, 0.5, 1.0))
 TINY_A = AgreementConfig(prompts=3, context_tokens=96, new_tokens=6)
 
 
@@ -41,39 +41,48 @@ def smol(embedded):
 def test_haystacks_are_deterministic_and_seeded(smol):
     _, tok = smol
     a, b = build_haystacks(tok, TINY_R), build_haystacks(tok, TINY_R)
-    assert [h.ids for h in a] == [h.ids for h in b] and [h.key for h in a] == [h.key for h in b]
-    assert len(a) == 6 and len({h.key for h in a}) == 6 and all(len(h.key) == 5 for h in a)
+    assert [h.sample for h in a] == [h.sample for h in b]
+    assert len(a) == 6 and len({h.key for h in a}) == 6 and all(len(h.key) == 7 and h.key.isdigit() for h in a)
     c = build_haystacks(tok, RetrievalConfig(lengths=TINY_R.lengths, depths=TINY_R.depths, seed=1))
     assert [h.key for h in c] != [h.key for h in a]
+    assert all(h.sample.task == "niah_single_1" and h.sample.metric == "string_match_all" for h in a)
 
 
-@pytest.mark.parametrize("length", [256, 1000, 4096])
+def test_a_pass_key_is_the_ruler_sample_with_its_needle_placed(smol):
+    """Same seed and index: the same key and value as the suite's niah_single_1 sample; only the
+    needle's line moves (RULER draws it)."""
+    _, tok = smol
+    drawn = TASKS["niah_single_1"].sample(tok, 1024, 0, 3, Environment())
+    placed = at_depth("niah_single_1", 0.5).sample(tok, 1024, 0, 3, Environment())
+    assert placed.references == drawn.references and placed.question == drawn.question
+    assert len(placed.context) == len(drawn.context)
+    with pytest.raises(ValueError, match="no single needle"):
+        at_depth("niah_multikey_1", 0.5)
+    with pytest.raises(ValueError, match="depth 1.5"):
+        at_depth("niah_single_1", 1.5)
+
+
+@pytest.mark.parametrize("length", [300, 1000, 4096])
 @pytest.mark.parametrize("depth", [0.0, 0.1, 0.25, 0.5, 0.75, 1.0])
 def test_the_key_sits_at_the_asked_depth(smol, length, depth):
     _, tok = smol
-    h = build_haystack(tok, length, depth, "12345")
-    needle = tok(retrieval.NEEDLE.format(key="12345"), add_special_tokens=False).input_ids
-    unit = len(tok(retrieval.FILLER, add_special_tokens=False).input_ids)
-    assert h.ids[h.needle_start:h.needle_start + len(needle)] == needle  # the token position is where it says
-    assert "12345" in tok.decode(h.ids[h.needle_start:h.needle_start + len(needle)])
-    assert "12345" not in tok.decode(h.ids[:h.needle_start]) + tok.decode(h.ids[h.needle_start + len(needle):])
-    filler_before = h.needle_start - h.filler_start
-    assert abs(filler_before - depth * h.filler_tokens) <= unit / 2  # within half a filler sentence of the depth
-    assert filler_before % unit == 0  # between sentences, not inside one
-    total = len(h.ids) + len(h.question) + 8
-    assert length - unit < total <= length  # the haystack fills the length, question and answer included
-
-
-def test_a_key_counts_only_as_a_number_of_its_own():
-    assert retrieval.key_found("71432", " 71432. Remember") and retrieval.key_found("71432", "is 71432")
-    assert not retrieval.key_found("71432", " 714325.") and not retrieval.key_found("71432", " 171432")
-    assert not retrieval.key_found("71432", " 7143") and not retrieval.key_found("71432", "")
+    s = build_haystacks(tok, RetrievalConfig(lengths=(length,), depths=(depth,)))[0].sample
+    text = tok.decode(s.context)
+    lines = [x.strip() for x in text.split("afterwards.\n", 1)[1].split("\n") if x.strip()]
+    at = [i for i, x in enumerate(lines) if x.startswith("One of the special magic")]
+    noise = len(lines) - 1
+    assert len(at) == 1 and all(x == NOISE for i, x in enumerate(lines) if i != at[0])
+    assert at[0] == round(depth * noise)  # the needle's line: depth × the noise lines before it
+    key = s.references[0]
+    assert lines[at[0]].endswith(f": {key}.") and key in tok.decode(s.question) + lines[at[0]]
+    assert s.tokens + s.max_new_tokens <= length  # prompt and answer fit the length
+    assert length - s.tokens - s.max_new_tokens < 2 * len(tok(NOISE, add_special_tokens=False).input_ids)
 
 
 def test_bad_grids_fail_with_the_parameter_named(smol):
     _, tok = smol
-    with pytest.raises(ValueError, match="too short"):
-        build_haystack(tok, 40, 0.5, "12345")
+    with pytest.raises(ValueError, match="at least 256"):
+        RetrievalConfig(lengths=(128,))
     for kw, msg in ((dict(depths=(0.5, 1.5)), "depths"), (dict(lengths=(512, 512)), "lengths"),
                     (dict(keys=0), "keys"), (dict(lengths=()), "lengths")):
         with pytest.raises(ValueError, match=msg):
@@ -104,9 +113,9 @@ def test_identity_reproduces_the_exact_answers_and_a_broken_cache_does_not(ident
 
 def test_lengths_beyond_the_model_context_are_left_out(smol, tmp_path):
     lm, tok = smol
-    r = run_retrieval(lm, tok, [], tmp_path, RetrievalConfig(lengths=(128, 100_000), depths=(0.5,)),
+    r = run_retrieval(lm, tok, [], tmp_path, RetrievalConfig(lengths=(384, 100_000), depths=(0.5,)),
                       transforms={"identity": identity})
-    assert r.lengths == [128] and r.skipped_lengths == [100_000] and r.exact.total == 1
+    assert r.lengths == [384] and r.skipped_lengths == [100_000] and r.exact.total == 1
     assert r.summary().endswith("(lengths 100000 left out: beyond the model's context)")
 
 
@@ -114,7 +123,7 @@ def test_a_huge_length_is_capped_before_anything_is_built(smol):
     """A length far past the model's context is never tokenized into a haystack (10^12 tokens would not fit in
     memory): the early check builds only what will run, and fails at once when nothing fits."""
     lm, tok = smol
-    DecodingChecks(RetrievalConfig(lengths=(256, 10**12), depths=(0.5,))).check_inputs(lm, tok, 10**6, "c")
+    DecodingChecks(RetrievalConfig(lengths=(384, 10**12), depths=(0.5,))).check_inputs(lm, tok, 10**6, "c")
     with pytest.raises(ValueError, match="exceeds the model's context"):
         DecodingChecks(RetrievalConfig(lengths=(10**12,))).check_inputs(lm, tok, 10**6, "c")
     with pytest.raises(ValueError, match="too short for 2 agreement prompts"):
@@ -307,7 +316,7 @@ def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
     """Each batch's answers and continuations per scheme go to the results store; a second run
     reads them all back (nothing prefilled or decoded) and reports the same numbers."""
     import kvlib.checks.agreement
-    import kvlib.checks.retrieval
+    import kvlib.checks.ruler.run
     from kvlib.models.corpus import load_corpus, tokenize
     from kvlib.scoring.provenance import RunIdentity
     from kvlib.scoring.store import ResultsStore
@@ -319,7 +328,7 @@ def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
     ids = tokenize(tok, load_corpus("embedded"))
     codecs = [resolve_codec("int8")]
 
-    grid = RetrievalConfig(lengths=TINY_R.lengths, depths=(0.5,))  # one haystack per length: two batches
+    grid = RetrievalConfig(lengths=TINY_R.lengths, depths=(0.5,))  # one haystack per length
 
     def both():
         r = run_retrieval(lm, tok, codecs, tmp_path / "r", grid, "smol", units=CheckUnits(store, ident, "retrieval"))
@@ -332,7 +341,7 @@ def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
 
     first = both()
     assert len(store) == 2 * 2 + 2  # retrieval: 2 lengths x (exact, int8); agreement: exact, int8
-    for mod in (kvlib.checks.retrieval, kvlib.checks.agreement):
-        monkeypatch.setattr(mod, "prefill", lambda *a, **k: pytest.fail("prefilled a stored unit"))
+    for mod, name in ((kvlib.checks.ruler.run, "prefill_observed"), (kvlib.checks.agreement, "prefill")):
+        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail("prefilled a stored unit"))
     again = both()
     assert [numbers(d) for d in again] == [numbers(d) for d in first]

@@ -79,10 +79,10 @@ def rendered(tmp_path_factory, cli, embedded):
     executed = out / "validate_perplexity.ipynb"
     papermill.execute_notebook(
         str(NOTEBOOK), str(executed), kernel_name="python3", progress_bar=False,
-        # Two windows of 256 (one gated), two haystacks of 128, two prompts of 64: every cell, smallest inputs;
+        # Two windows of 256 (one gated), two pass keys at 384, two prompts of 64: every cell, smallest inputs;
         # the embedded model as this run dequantized it (kvlib.models.gguf_cache: a second to load).
         parameters={"model": "embedded", "max_windows": 2, "context_length": 256, "stride": 128,
-                    "output_dir": str(out), "name": "small", "retrieval_lengths": "128", "retrieval_depths": "0,1",
+                    "output_dir": str(out), "name": "small", "retrieval_lengths": "384", "retrieval_depths": "0,1",
                     "generation_prompts": 2, "generation_context": 64, "generation_tokens": 4},
     )
     html, _ = HTMLExporter(exclude_input=True).from_notebook_node(nbformat.read(executed, as_version=4))

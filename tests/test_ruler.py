@@ -262,7 +262,7 @@ def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
         asked.append(names)
         return {**known, **{m: {"answer": "", "score": 0.0, "seconds": 0.0, "cache_bytes": 0} for m in names}}
 
-    monkeypatch.setattr(run_mod._Runner, "answer", never_found)
+    monkeypatch.setattr(run_mod.Runner, "answer", never_found)
     r = run_ruler(lm, tok, [], tmp_path, RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=4, presses=()),
                   TEXT, transforms={"zeroed": zeroed})
     assert len(r.scores(EXACT, "niah_single_1", 512)) == 3  # after 3 zeros, one more sample cannot reach 50 %
@@ -279,7 +279,7 @@ def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
         return {**known, **{m: {"answer": "", "score": next(found) if m == EXACT else 0.0, "seconds": 0.0,
                                 "cache_bytes": 0} for m in missing}}
 
-    monkeypatch.setattr(run_mod._Runner, "answer", first_two_found)
+    monkeypatch.setattr(run_mod.Runner, "answer", first_two_found)
     r = run_ruler(lm, tok, [], tmp_path, RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=4, presses=()),
                   TEXT, transforms={"zeroed": zeroed})
     assert asked == [[EXACT], [EXACT], [EXACT, "zeroed"], [EXACT, "zeroed"], ["zeroed"], ["zeroed"]]

@@ -1,64 +1,53 @@
 """Pass-key retrieval ("needle in a haystack") under a compressed cache: can
 the model still find a fact far back in its context?
 
-Each haystack is built at the token level from fixed filler sentences, with a
-seeded 5-digit key stated at a given depth (Mohtashami & Jaggi's pass-key
-prompt). The haystack, everything before the question, is prefilled once; the
-exact cache and each scheme's reconstruction of it then answer the same
-question greedily, and a cell counts as found when the key stands in the answer
-as a number of its own.
+The pass key is RULER's ``niah_single_1`` (kvlib.checks.ruler): a 7-digit magic number for a
+word, stated once among noise sentences; the grid only fixes the needle's depth instead of
+drawing it. Each prompt's context is prefilled once; the exact cache and each scheme's
+reconstruction of it then answer the same question greedily, and a cell counts as found when the
+number stands in the answer (RULER's ``string_match_all``), through the suite's own runner.
 """
 
 from __future__ import annotations
 
 import os
-import random
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from kvlib.codec.spec import CodecConfig
-from kvlib.scoring.generate import greedy_continue, prefill, stack_caches
 from kvlib.cache.layout import model_layout
-from kvlib.scoring.provenance import digest
+from kvlib.checks.ruler.run import EXACT, Runner, stop_tokens
+from kvlib.checks.ruler.tasks import Environment, Sample, at_depth
+from kvlib.codec.spec import CodecConfig
+from kvlib.scoring.units import CheckUnits
 from kvlib.transforms.base import unit_key_of
 from kvlib.transforms.codec import cache_transforms
-from kvlib.scoring.units import CheckUnits
 
-INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-         "I will quiz you about the important information there.")
-FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-NEEDLE = " The pass key is {key}. Remember it."
-QUESTION = "\nWhat is the pass key? The pass key is"
-EXACT = "exact"
+TASK = "niah_single_1"  # the RULER task each pass key is a sample of
+MIN_LENGTH = 256  # as RULER's lengths: the template and 128 answer tokens take most of a shorter one
 
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """The grid: context lengths (haystack, question and answer fit in each) ×
-    depths of the key (0 = start of the haystack, 1 = its end) × keys per cell."""
+    """The grid: context lengths (prompt and answer fit in each) × depths of the
+    needle (0 = start of the haystack, 1 = its end) × keys per cell."""
 
     lengths: tuple[int, ...] = (1024, 2048, 4096)
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     keys: int = 1
     seed: int = 0
-    answer_tokens: int = 8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
         object.__setattr__(self, "depths", tuple(float(d) for d in self.depths))
-        if not self.lengths or any(n < 1 for n in self.lengths) or len(set(self.lengths)) != len(self.lengths):
-            raise ValueError(f"retrieval lengths {self.lengths}: give distinct positive token counts")
+        if (not self.lengths or any(n < MIN_LENGTH for n in self.lengths)
+                or len(set(self.lengths)) != len(self.lengths)):
+            raise ValueError(f"retrieval lengths {self.lengths}: give distinct token counts of at least {MIN_LENGTH}")
         if not self.depths or any(not 0 <= d <= 1 for d in self.depths) or len(set(self.depths)) != len(self.depths):
             raise ValueError(f"retrieval depths {self.depths}: give distinct fractions in [0, 1]")
         if self.keys < 1:
             raise ValueError(f"retrieval keys {self.keys} must be at least 1 per cell")
-        if self.answer_tokens < 1:
-            raise ValueError(f"retrieval answer_tokens {self.answer_tokens} must be at least 1")
 
     @classmethod
     def parse(cls, lengths: str | None = None, depths: str | None = None, keys: int | None = None) -> "RetrievalConfig":
@@ -80,51 +69,31 @@ class RetrievalConfig:
         return len(self.depths) * self.keys
 
 
-@dataclass
+@dataclass(frozen=True)
 class Haystack:
-    """One prompt: ``ids`` is everything before the question; the needle starts at ``needle_start``."""
+    """One cell's prompt: the niah_single_1 sample with its needle at ``depth``."""
 
-    length: int  # the grid's length: haystack + question + answer tokens fit in it
+    length: int  # the grid's length: prompt and answer tokens fit in it
     depth: float
-    key: str
-    ids: list[int]
-    question: list[int]
-    needle_start: int
-    filler_start: int  # where the filler begins (after the intro)
-    filler_tokens: int  # filler tokens in the haystack (the needle excluded)
+    sample: Sample
 
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False).input_ids
-
-
-def build_haystack(tokenizer: Any, length: int, depth: float, key: str, answer_tokens: int = 8) -> Haystack:
-    """The haystack of one cell: as many whole filler units as fit, the needle
-    after round(depth × units) of them. ValueError when ``length`` is too short."""
-    intro = tokenizer(INTRO).input_ids  # with the tokenizer's own BOS, as the corpus is tokenized
-    unit = _encode(tokenizer, FILLER)
-    needle = _encode(tokenizer, NEEDLE.format(key=key))
-    question = _encode(tokenizer, QUESTION)
-    units = (length - len(intro) - len(needle) - len(question) - answer_tokens) // len(unit)
-    if units < 1:
-        fixed = len(intro) + len(needle) + len(question) + answer_tokens + len(unit)
-        raise ValueError(f"retrieval length {length} is too short: a haystack needs at least {fixed} tokens")
-    at = round(depth * units)
-    ids = intro + unit * at + needle + unit * (units - at)
-    return Haystack(length, depth, key, ids, question, len(intro) + at * len(unit), len(intro), units * len(unit))
+    @property
+    def key(self) -> str:
+        return self.sample.references[0]
 
 
 def build_haystacks(tokenizer: Any, config: RetrievalConfig, lengths: tuple[int, ...] | None = None) -> list[Haystack]:
-    """Every cell's haystacks, in grid order (length, depth, key); the keys come
-    from ``config.seed``, so the same config always builds the same prompts."""
-    rng = random.Random(config.seed)
+    """Every cell's prompts, in grid order (length, depth, key): sample ``depth index × keys + key``
+    of niah_single_1 at that length, from ``config.seed`` (the same config builds the same
+    prompts). ValueError when a length is too short for the task."""
     out = []
     for n in config.lengths:
-        for d in config.depths:
-            for _ in range(config.keys):
-                key = str(rng.randint(10000, 99999))
-                if lengths is None or n in lengths:
-                    out.append(build_haystack(tokenizer, n, d, key, config.answer_tokens))
+        if lengths is not None and n not in lengths:
+            continue
+        for i, d in enumerate(config.depths):
+            task = at_depth(TASK, d)
+            for k in range(config.keys):
+                out.append(Haystack(n, d, task.sample(tokenizer, n, config.seed, i * config.keys + k, Environment())))
     return out
 
 
@@ -204,22 +173,6 @@ def _compare(exact: SchemeRetrieval, other: SchemeRetrieval) -> None:
     other.cells_dropped = sum(other.cell(*c)[0] < exact.cell(*c)[0] for c in cells)
 
 
-def _answers(model: Any, tokenizer: Any, batch: Any, group: list[Haystack], answer_tokens: int) -> list[Answer]:
-    """Decode ``batch`` (one row per haystack of ``group``) and score each answer."""
-    question = torch.tensor([h.question for h in group])
-    tokens = greedy_continue(model, batch, question, answer_tokens)
-    out = []
-    for h, t in zip(group, tokens.tolist()):
-        text = tokenizer.decode(t, skip_special_tokens=True)
-        out.append(Answer(h.length, h.depth, h.key, text, key_found(h.key, text)))
-    return out
-
-
-def key_found(key: str, answer: str) -> bool:
-    """The key stands in the answer as a number of its own ("71432." counts, "714325" does not)."""
-    return re.search(rf"(?<!\d){re.escape(key)}(?!\d)", answer) is not None
-
-
 def reach(model: Any, lengths: tuple[int, ...]) -> str:
     """Which layers can see a key far back, when some haystacks are longer than a sliding window."""
     windows = model_layout(model).windows
@@ -252,8 +205,8 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
     """Every haystack of ``config`` (lengths above ``max_context``, default the
     model's, left out), prefilled once, answered by the exact cache and by each
     codec's (and the peer's) reconstruction through the real CLI. ``transforms``
-    replaces the codecs (tests pass an identity). With ``units``, each batch's answers per
-    scheme are read from the results store when there, and stored when computed."""
+    replaces the codecs (tests pass an identity). With ``units``, each prompt's answer per
+    scheme is read from the results store when there, and stored when computed."""
     units = units or CheckUnits(None, None, "retrieval")
     lengths = lengths_within(config, max_context or model_context(model))
     haystacks = build_haystacks(tokenizer, config, lengths)
@@ -262,46 +215,24 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
         transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers,
                                                slots=config.cells_per_length)
     names = [EXACT, *transforms]
-    specs = {EXACT: "exact", **{k: unit_key_of(t) for k, t in transforms.items()}}
+    specs = {EXACT: "exact", **{k: unit_key_of(t) or k for k, t in transforms.items()}}
+    runner = Runner(model, tokenizer, units, dict(transforms), specs, stop_tokens(model.config, tokenizer), [])
     answers: dict[str, list[Answer]] = {k: [] for k in names}
     seconds = dict.fromkeys(names, 0.0)
-    t_prefill = 0.0
-    groups: dict[int, list[Haystack]] = {}
-    for h in haystacks:  # equal token counts decode as one batch
-        groups.setdefault(len(h.ids), []).append(h)
-    for i, group in enumerate(groups.values()):
-        inputs = digest([[h.ids, h.question, h.key] for h in group] + [config.answer_tokens])
-        exact = None  # prefilled when some scheme of this group is not in the store
+    t0 = time.perf_counter()
+    for i, h in enumerate(haystacks):
+        got = runner.answer(h.sample, names, {})
         for name in names:
-            stored = units.get(inputs, specs[name]) if specs[name] else None
-            if stored is not None:
-                answers[name] += [Answer(**a) for a in stored["answers"]]
-                seconds[name] += stored["seconds"]
-                continue
-            if exact is None:
-                t0 = time.perf_counter()
-                exact = [prefill(model, h.ids) for h in group]
-                t_prefill += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            # Each reconstruction is copied into the batch as it arrives: one alive at a time.
-            batch = stack_caches(exact if name == EXACT else (transforms[name](c)[0] for c in exact), len(exact),
-                                 len(group[0].question) + config.answer_tokens)
-            got = _answers(model, tokenizer, batch, group, config.answer_tokens)
-            del batch
-            dt = time.perf_counter() - t0
-            answers[name] += got
-            seconds[name] += dt
-            if specs[name]:
-                units.put(inputs, specs[name], {"answers": [asdict(a) for a in got], "seconds": dt})
-            if progress:
-                print(f"  retrieval {i + 1}/{len(groups)} ({group[0].length} tokens) {name}: "
-                      f"{sum(a.found for a in got)}/{len(group)}", flush=True)
-        del exact
+            answers[name].append(Answer(h.length, h.depth, h.key, got[name]["answer"], got[name]["score"] >= 1.0))
+            seconds[name] += got[name]["seconds"]
+        if progress:
+            print(f"  retrieval {i + 1}/{len(haystacks)} ({h.length} tokens, depth {h.depth:g}): "
+                  + ", ".join(f"{n} {'found' if answers[n][-1].found else 'lost'}" for n in names), flush=True)
     exact_r = SchemeRetrieval(EXACT, answers[EXACT], seconds[EXACT])
     schemes = [SchemeRetrieval(n, answers[n], seconds[n]) for n in names[1:]]
     for s in schemes:
         _compare(exact_r, s)
     return RetrievalResult(asdict(config), list(lengths), [n for n in config.lengths if n not in lengths], exact_r,
                            schemes, peer_error=missing or "",
-                           timing={"prefill_s": t_prefill, "total_s": t_prefill + sum(seconds.values())},
+                           timing={"prefill_s": runner.prefill_s, "total_s": time.perf_counter() - t0},
                            reach=reach(model, lengths))

@@ -7,6 +7,7 @@ same characters only approximately), loaded one model at a time.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import time
@@ -18,9 +19,12 @@ from typing import Any
 from kvlib.models import corpus
 from kvlib.models.sources import resolve_model
 from kvlib.checks.decoding import DecodingChecks
+from kvlib.checks.ruler.run import RulerConfig, RulerResult
+from kvlib.codec.spec import resolve_codec
 from kvlib.gates import PPL_DELTA_THRESHOLD
 from kvlib.scoring.stats import spearman
 from kvlib.budget.plan import parse_budgets
+from kvlib.runs.ruler import run_ruler_suite
 from kvlib.runs.sweep import MIX_PREFIX, run_sweep, write_json
 
 ZOO_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
@@ -51,8 +55,6 @@ class CrossModelResult:
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "CrossModelResult":
         """A result written by to_json (to re-render a report without running the models again)."""
-        import json
-
         d = json.loads(Path(path).read_text())
         try:
             return cls(**{k: d[k] for k in cls.__dataclass_fields__})
@@ -68,9 +70,10 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
                corpus_name: str = corpus.EMBEDDED, max_windows: int | None = 8, stride: int = 512,
                peers: bool = True, threshold: float = PPL_DELTA_THRESHOLD, device: str | None = None,
                dtype: str | None = None, context_length: int | None = None, verbose: bool = True,
-               budget: str | list[float] | None = None) -> CrossModelResult:
+               budget: str | list[float] | None = None, ruler: RulerConfig | None = None) -> CrossModelResult:
     """Sweep ``schemes`` on every model in turn (a zoo model is fetched first); ``budget`` (bits per
-    element, one or a list) adds each model's own mix@BUDGET, planned on that model."""
+    element, one or a list) adds each model's own mix@BUDGET, planned on that model; ``ruler`` runs
+    the RULER suite on each model's presets too (its units in the results store: a rerun resumes)."""
     budgets = budget if isinstance(budget, list) else parse_budgets(budget)
     if not model_names:
         raise ValueError("no models to compare")
@@ -91,9 +94,54 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
         seconds[f"{m}_s"] = time.perf_counter() - t
         del r
         gc.collect()
+        if ruler is not None:
+            t = time.perf_counter()
+            codecs = [resolve_codec(x) for x in schemes]
+            d["ruler"] = run_ruler_suite(codecs, ruler, model=m, device=device, dtype=dtype, verbose=verbose).to_dict()
+            seconds[f"{m}_ruler_s"] = time.perf_counter() - t
+            gc.collect()
     mixes = [f"{MIX_PREFIX}{b:g}" for b in budgets]
     return CrossModelResult(list(model_names), list(schemes) + mixes, corpus.load_corpus(corpus_name).name, max_windows,
                             stride, threshold, sweeps, {"total_s": time.perf_counter() - t0, **seconds})
+
+
+def attach_ruler(result: CrossModelResult, paths: list[str | os.PathLike]) -> None:
+    """Saved RULER runs (``kv-validate --ruler --json``) beside the sweeps of the models they ran on:
+    runs of one model and different lengths merge; ValueError names a file that matches no model."""
+    by_model: dict[int, list[RulerResult]] = {}
+    for path in paths:
+        try:
+            r = RulerResult.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a kvlib RULER result ({type(e).__name__}: {e})") from None
+        name = r.config.get("model")
+        hits = [i for i, sw in enumerate(result.sweeps) if name in (sw["model"], sw.get("model_spec"))]
+        if not hits:
+            known = ", ".join(sw.get("model_spec", sw["model"]) for sw in result.sweeps)
+            raise ValueError(f"{path}: a RULER run of {name!r}, which is not among the models ({known})")
+        by_model.setdefault(hits[0], []).append(r)
+    for i, runs in by_model.items():
+        result.sweeps[i]["ruler"] = RulerResult.merge(runs).to_dict()
+
+
+def ruler_points(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """(model, scheme, length) rows of the RULER runs beside the sweeps: the average over the tasks
+    the exact cache qualifies on, its CI, and how many tasks that is."""
+    rows = []
+    for sw in sweeps:
+        d = sw.get("ruler")
+        if not d:
+            continue
+        r = RulerResult.from_dict(d)
+        for n in r.lengths:
+            tasks = [t for t in r.tasks() if r.scores("exact", t, n)]
+            q = [t for t in tasks if r.qualifies(t, n)]
+            for name, meta in r.schemes.items():
+                acc, lo, hi = r.average(name, n, qualifying_only=True) if q else (math.nan,) * 3
+                rows.append({"model": sw.get("model_spec", sw["model"]), "scheme": name, "kind": meta["kind"],
+                             "length": n, "accuracy": acc, "ci_low": lo, "ci_high": hi, "qualifying": q,
+                             "tasks": len(tasks)})
+    return rows
 
 
 def points(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -343,7 +343,7 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
     Path(workdir).mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prefills-", dir=workdir) as spill:  # this run's own
-        runner = _Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes,
+        runner = Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes,
                          progress, Path(spill))
         for n, task in cells:
             _run_cell(runner, n, task, config, env, list(schemes), answers)
@@ -354,7 +354,7 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
                        {"prefill_s": runner.prefill_s, "total_s": time.perf_counter() - t_start})
 
 
-def _run_cell(runner: "_Runner", n: int, task: Any, config: RulerConfig, env: Environment, schemes: list[str],
+def _run_cell(runner: "Runner", n: int, task: Any, config: RulerConfig, env: Environment, schemes: list[str],
               answers: dict[str, list[RulerAnswer]]) -> None:
     """One (length, task) cell: the exact cache first, sample by sample; only where it does the
     task are the schemes compared (once it is sure to qualify, every cache answers from the one
@@ -386,7 +386,7 @@ def _run_cell(runner: "_Runner", n: int, task: Any, config: RulerConfig, env: En
 
 
 @dataclass
-class _Runner:
+class Runner:
     """Answers of one sample from the store, or computed: the context prefilled once for every
     cache missing, each unit put in the store as it is made. A prefill asked to be kept waits in
     ``spill`` (a directory) for the sample's next call: the exact cache answers first, and the

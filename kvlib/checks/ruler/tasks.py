@@ -17,6 +17,7 @@ text, not the chat template around it; the prompt's length counts the tokens the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -181,6 +182,7 @@ class Niah(Task):
     num_k: int = 1
     num_v: int = 1
     num_q: int = 1
+    depth: float | None = None  # the one needle's place (0 the haystack's start, 1 its end); None: seeded
     family: ClassVar[str] = "niah"
     tokens_to_generate: ClassVar[int] = 128
 
@@ -208,7 +210,8 @@ class Niah(Task):
             words = essay_words(env.haystack_text)
             text = " ".join((words * math.ceil(size / len(words)))[:size])
             sents = sentences(text)
-            cuts = [0] + sorted(int(len(sents) * d / 100) for d in rng.sample(DEPTHS, len(needles))) + [len(sents)]
+            depths = [self.depth * 100] if self.depth is not None else rng.sample(DEPTHS, len(needles))
+            cuts = [0] + sorted(int(len(sents) * d / 100) for d in depths) + [len(sents)]
             parts = []
             for i in range(len(cuts) - 1):
                 parts += sents[cuts[i]:cuts[i + 1]]
@@ -223,7 +226,8 @@ class Niah(Task):
                 for _ in range(size):
                     k = random_value(rng, self.type_k)
                     lines.append(NEEDLE.format(type_needle_v=self.type_v, key=k, value=random_value(rng, self.type_v)))
-            for at, needle in zip(sorted(rng.sample(range(size), len(needles)), reverse=True), needles):
+            spots = [round(self.depth * size)] if self.depth is not None else rng.sample(range(size), len(needles))
+            for at, needle in zip(sorted(spots, reverse=True), needles):
                 lines.insert(at, needle)
             context = "\n".join(lines)
         asked = rng.sample(range(num_k), self.num_q)
@@ -243,6 +247,17 @@ for _args in (("niah_single_1", "noise", "words", "numbers"), ("niah_single_2", 
               ("niah_multivalue", "essay", "words", "numbers", 1, 4),
               ("niah_multiquery", "essay", "words", "numbers", 1, 1, 4)):
     register(Niah(*_args))  # scripts/synthetic.yaml
+
+
+def at_depth(name: str, depth: float) -> Niah:
+    """The NIAH task ``name`` with its one needle at ``depth`` of the haystack (0 before its first
+    line, 1 after its last) instead of a seeded place: the pass-key grid of the decoding checks."""
+    task = TASKS.get(name)
+    if not isinstance(task, Niah) or max(task.num_k, task.num_q) * task.num_v != 1:
+        raise ValueError(f"RULER task {name!r} has no single needle to place at a depth")
+    if not 0 <= depth <= 1:
+        raise ValueError(f"needle depth {depth} must be in [0, 1]")
+    return dataclasses.replace(task, depth=float(depth))
 
 
 # --- Variable tracking (variable_tracking.py) ---------------------------------------------------
