@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--results", metavar="DIR", help="results store (default $KVLIB_HOME/results, i.e. ~/.cache/kvlib/results)")
     s.add_argument("--fresh", action="store_true", help="ignore the results store: compute every unit again")
     s.add_argument("--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
-                   help="a sweep's units on Ray actors: a local cluster, or ADDRESS (RAY_ADDRESS set does the same)")
+                   help="a sweep's or RULER's units on Ray actors: a local cluster, or ADDRESS (RAY_ADDRESS set does the same)")
     r = p.add_argument_group("beyond perplexity", "checks against the exact cache, shown beside the verdict")
     r.add_argument("--retrieval", action="store_true", default=None, help="pass-key retrieval over a length x depth grid")
     r.add_argument("--retrieval-lengths", metavar="N,N", help=f"context lengths (default {_csv(_R.lengths)}; implies --retrieval)")
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 check_output_path(args.json)
             r = run_ruler_suite(codecs, ruler, model=args.model, device="cpu" if args.cpu else None, dtype=args.dtype,
-                                results=args.results, fresh=args.fresh, verbose=not args.quiet)
+                                results=args.results, fresh=args.fresh, verbose=not args.quiet, ray=args.ray)
             print_ruler(r)
             if args.json:
                 write_json(r.to_dict(), args.json)

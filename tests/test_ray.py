@@ -54,6 +54,27 @@ def test_a_killed_worker_changes_nothing(tiny_dir, tmp_path, cluster, serial, mo
     assert numbers(killed_run) == serial
 
 
+def test_ruler_on_ray_stores_the_serial_answers(tmp_path, cluster):
+    """RULER's samples on two actors: the answers (and so the units) are the serial run's, the
+    exact cache's early stop still applies, and a rerun reads the store and starts no actor."""
+    from kvlib.checks.ruler.run import RulerConfig
+    from kvlib.codec.spec import resolve_codec
+    from kvlib.runs.ruler import run_ruler_suite
+
+    config = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=3, presses=("knorm",))
+    codecs = [resolve_codec("int8")]
+
+    def answers(r):
+        return {k: [(a.task, a.index, a.answer, a.score, a.cache_bytes) for a in v] for k, v in r.answers.items()}
+
+    serial = run_ruler_suite(codecs, config, results=tmp_path / "serial", verbose=False)
+    on_ray = run_ruler_suite(codecs, config, results=tmp_path / "ray", verbose=False, ray=True)
+    assert set(on_ray.answers) == {"exact", "int8", "knorm@int8"} and on_ray.timing["ray_start_s"] > 0
+    assert answers(on_ray) == answers(serial)
+    again = run_ruler_suite(codecs, config, results=tmp_path / "ray", verbose=False, ray=True)
+    assert answers(again) == answers(serial) and "ray_start_s" not in again.timing
+
+
 def test_an_unreachable_cluster_is_one_line(tiny_dir, tmp_path):  # noqa: F811
     from kvlib.scoring.executor import RayUnavailable, ray_init
 

@@ -3,30 +3,39 @@ store, printed as a task × length table per scheme with RULER's average, and wr
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import resource
 import sys
 import tempfile
 import time
 from typing import Any
 
+from kvlib.checks.ruler.remote import RayRunner, RulerJob
 from kvlib.checks.ruler.run import RulerConfig, RulerResult, run_ruler
 from kvlib.codec.spec import CodecConfig
+from kvlib.env import flag
 from kvlib.runs.setup import RunParams, prepare_run
 from kvlib.scoring.units import CheckUnits
 
 
 def run_ruler_suite(codecs: list[CodecConfig], config: RulerConfig, model: str = "embedded", device: str | None = None,
                     dtype: str | None = None, results: Any = None, fresh: bool = False,
-                    verbose: bool = True) -> RulerResult:
+                    verbose: bool = True, ray: bool | str = False) -> RulerResult:
     """The suite on ``model``: its text haystack is ``config.haystack`` (a corpus name or file); the
-    model loads only when a unit is missing from the store."""
+    model loads only when a unit is missing from the store. On Ray when ``ray`` (True or an
+    address), RAY_ADDRESS or KVLIB_RAY=1 asks for it, as a sweep."""
     t0 = time.perf_counter()
     run = prepare_run(RunParams(model=model, corpus=config.haystack, device=device, dtype=dtype, results=results,
                                 fresh=fresh), verbose)
     with tempfile.TemporaryDirectory(prefix="kvlib-ruler-") as tmp:
+        executor = None
+        if ray or os.environ.get("RAY_ADDRESS") or flag("KVLIB_RAY"):
+            job = RulerJob(model, run.device, run.dtype_name, tuple((c.name, c.spec) for c in codecs), run.name)
+            executor = functools.partial(RayRunner, job=job, address=ray if isinstance(ray, str) else None)
         r = run_ruler(run.lazy(), run.tokenizer, codecs, tmp, config, run.text.text, run.name, progress=verbose,
-                      units=CheckUnits(run.store, run.identity, "ruler"))
+                      units=CheckUnits(run.store, run.identity, "ruler"), executor=executor)
     r.timing.update(total_s=time.perf_counter() - t0, model_load_s=run.model_load_s, peak_rss_gb=peak_rss_gb())
     r.config["model"] = run.name
     return r

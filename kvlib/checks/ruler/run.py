@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -326,9 +326,10 @@ def describe_schemes(codecs: list[CodecConfig], transforms: dict[str, Any],
 def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: str | Path, config: RulerConfig,
               haystack_text: str, model_name: str = "unknown", max_context: int | None = None,
               transforms: dict[str, Any] | None = None, progress: bool = False,
-              units: CheckUnits | None = None) -> RulerResult:
+              units: CheckUnits | None = None, executor: Callable[..., "Runner"] | None = None) -> RulerResult:
     """Every sample of ``config``, answered by the exact cache, each codec's reconstruction and each
-    press's eviction; ``transforms`` replaces the codecs (tests pass an identity)."""
+    press's eviction; ``transforms`` replaces the codecs (tests pass an identity). ``executor``
+    makes the runner from Runner's fields (kvlib.checks.ruler.remote's on Ray; default in process)."""
     units = units or CheckUnits(None, None, "ruler")
     lengths, notes = plan_lengths(config, max_context or getattr(model.config, "max_position_embeddings", None))
     env = Environment(haystack_text, config.haystack)
@@ -343,28 +344,35 @@ def run_ruler(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir: st
     Path(workdir).mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="prefills-", dir=workdir) as spill:  # this run's own
-        runner = Runner(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer), notes,
-                         progress, Path(spill))
-        for n, task in cells:
-            _run_cell(runner, n, task, config, env, list(schemes), answers)
+        runner = (executor or Runner)(model, tokenizer, units, every, specs, stop_tokens(model.config, tokenizer),
+                                      notes, progress, Path(spill))
+        try:
+            for n, task in cells:
+                _run_cell(runner, n, task, config, env, list(schemes), answers)
+        finally:
+            runner.close()
     for name in runner.refused:
         schemes.pop(name, None)
         answers.pop(name, None)
     return RulerResult(asdict(config), lengths, answers, schemes, notes,
-                       {"prefill_s": runner.prefill_s, "total_s": time.perf_counter() - t_start})
+                       {"prefill_s": runner.prefill_s, "total_s": time.perf_counter() - t_start,
+                        **getattr(runner, "seconds", {})})
 
 
 def _run_cell(runner: "Runner", n: int, task: Any, config: RulerConfig, env: Environment, schemes: list[str],
               answers: dict[str, list[RulerAnswer]]) -> None:
-    """One (length, task) cell: the exact cache first, sample by sample; only where it does the
-    task are the schemes compared (once it is sure to qualify, every cache answers from the one
-    prefill of a sample; the samples before wait on their kept prefill)."""
+    """One (length, task) cell: the exact cache first, ``runner.width`` samples at a time; only
+    where it does the task are the schemes compared (once it is sure to qualify, every cache
+    answers from the one prefill of a sample; the samples before wait on their kept prefill)."""
     samples = [task.sample(runner.tokenizer, n, config.seed, i, env) for i in range(config.samples)]
+    label = f"ruler {n} {task.name} #"
     known: list[dict[str, dict]] = []
     sure = config.floors
-    for i, s in enumerate(samples):
+    while len(known) < len(samples):
+        wave = samples[len(known):len(known) + max(1, runner.width)]
         names = [m for m in schemes if m not in runner.refused] if sure else [EXACT]
-        known.append(runner.answer(s, names, {}, f"ruler {n} {task.name} #{i}", keep=not sure))
+        known += runner.answer_all([(s, names, {}, f"{label}{len(known) + j}", not sure)
+                                    for j, s in enumerate(wave)])
         scores = [k[EXACT]["score"] for k in known]
         if not config.floors and ruler_out_of_reach(scores, len(samples)):
             break
@@ -374,8 +382,9 @@ def _run_cell(runner: "Runner", n: int, task: Any, config: RulerConfig, env: Env
         f" on {len(known)} of {len(samples)} samples: a score of 1 on the rest could not lift it to "
         f"{RULER_EXACT_FLOOR:.0f} %")
     if config.floors or ruler_qualifies(exact):
-        known = [runner.answer(s, [m for m in schemes if m not in runner.refused], k, f"ruler {n} {task.name} #{i}")
-                 for i, (s, k) in enumerate(zip(samples, known))]
+        names = [m for m in schemes if m not in runner.refused]
+        known = runner.answer_all([(s, names, k, f"{label}{i}", False)
+                                   for i, (s, k) in enumerate(zip(samples, known))])
     else:
         runner.notes.append(f"{task.name} at {n}: a floor (the exact cache {exact:.0f} %{stopped}), the schemes not "
                             "run on it (--ruler-floors runs them)")
@@ -383,6 +392,14 @@ def _run_cell(runner: "Runner", n: int, task: Any, config: RulerConfig, env: Env
     for i, (s, got) in enumerate(zip(samples, known)):
         for name, body in got.items():
             answers[name].append(RulerAnswer(s.task, n, i, **{k: body[k] for k in ANSWER_FIELDS}))
+
+
+Request = tuple  # (sample, names, known answers, progress label, keep the prefill)
+
+
+def unit_inputs(s: Sample, stop: tuple[int, ...]) -> str:
+    """What a sample's units are keyed by: everything its answers depend on besides the cache."""
+    return digest([s.context, s.question, s.references, s.max_new_tokens, s.metric, list(stop)])
 
 
 @dataclass
@@ -433,32 +450,55 @@ class Runner:
                 f.unlink()
         self.spilled = 0
 
-    def answer(self, s: Sample, names: list[str], known: dict[str, dict], label: str = "",
-               keep: bool = False) -> dict[str, dict]:
-        """``known`` and the answers of ``names`` to sample ``s`` (a press refused is left out);
-        ``keep``: keep its prefill for the next call on it."""
-        inputs = digest([s.context, s.question, s.references, s.max_new_tokens, s.metric, list(self.stop)])
+    width: int = 1  # samples answered at once (one: in this process; a Ray executor's workers)
+
+    def stored(self, s: Sample, names: list[str], known: dict[str, dict]) -> dict[str, dict]:
+        """``known`` and the answers of ``names`` the results store has (a press refused left out)."""
+        inputs = unit_inputs(s, self.stop)
         got = dict(known)
         for name in names:
             if name not in got and name not in self.refused:
                 body = self.units.get(inputs, self.specs[name])
                 if body is not None:
                     got[name] = body
+        return got
+
+    def compute(self, s: Sample, names: list[str], keep: bool = False) -> dict[str, dict]:
+        """The answers of ``names`` to ``s`` from one prefill (kept for the next call when ``keep``);
+        a press that cannot evict this layout lands in ``refused`` instead."""
+        lm = self.model.get() if hasattr(self.model, "get") else self.model  # a LazyModel loads here, once
+        cache, queries = self._prefilled(lm, s, unit_inputs(s, self.stop), keep)
+        return _answers(lm, self.tokenizer, s, names, self.every, cache, queries, self.stop, self.refused, self.notes)
+
+    def answer(self, s: Sample, names: list[str], known: dict[str, dict], label: str = "",
+               keep: bool = False) -> dict[str, dict]:
+        """``known`` and the answers of ``names`` to sample ``s`` (a press refused is left out):
+        from the store, else computed and stored; ``keep``: keep its prefill for the next call on it."""
+        got = self.stored(s, names, known)
         missing = [m for m in names if m not in got and m not in self.refused]
         if missing:
             t0 = time.perf_counter()
-            lm = self.model.get() if hasattr(self.model, "get") else self.model  # a LazyModel loads here, once
-            cache, queries = self._prefilled(lm, s, inputs, keep)
-            for name, body in _answers(lm, self.tokenizer, s, missing, self.every, cache, queries, self.stop,
-                                       self.refused, self.notes).items():
-                self.units.put(inputs, self.specs[name], body)
-                got[name] = body
-            if self.progress:
-                done = [m for m in missing if m in got]
-                what = (f"exact {got[EXACT]['score']:.2f} {got[EXACT]['answer'][:40]!r}" if done == [EXACT] else
-                        f"{len(done)} caches, mean score {sum(got[m]['score'] for m in done) / max(1, len(done)):.2f}")
-                print(f"  {label}: {what} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            self.record(s, self.compute(s, missing, keep), got, label, time.perf_counter() - t0)
         return got
+
+    def answer_all(self, requests: list[Request]) -> list[dict[str, dict]]:
+        """``answer`` for each request, in order (an executor answers them side by side)."""
+        return [self.answer(*r) for r in requests]
+
+    def close(self) -> None:
+        """End what the runner started (in process: nothing)."""
+
+    def record(self, s: Sample, computed: dict[str, dict], got: dict[str, dict], label: str, seconds: float) -> None:
+        """Computed answers into the store and ``got``, and the progress line."""
+        inputs = unit_inputs(s, self.stop)
+        for name, body in computed.items():
+            self.units.put(inputs, self.specs[name], body)
+            got[name] = body
+        if self.progress and computed:
+            done = list(computed)
+            what = (f"exact {got[EXACT]['score']:.2f} {got[EXACT]['answer'][:40]!r}" if done == [EXACT] else
+                    f"{len(done)} caches, mean score {sum(got[m]['score'] for m in done) / max(1, len(done)):.2f}")
+            print(f"  {label}: {what} ({seconds:.0f} s)", flush=True)
 
 
 def _build(transform: Any, cache: Any, queries: Any) -> tuple[Any, int]:
