@@ -56,7 +56,7 @@ GENERATION         ?=
 GENERATION_PROMPTS ?=
 CHECKS = $(if $(RETRIEVAL),-p retrieval $(RETRIEVAL)) $(if $(RETRIEVAL_LENGTHS),-r retrieval_lengths "$(RETRIEVAL_LENGTHS)") \
   $(if $(GENERATION),-p generation $(GENERATION)) $(if $(GENERATION_PROMPTS),-p generation_prompts $(GENERATION_PROMPTS))
-# make test's tiny grid: two haystacks of 128 tokens, two prompts of 64 tokens, 4 new tokens.
+# make test's tiny grid: two pass keys at 384 tokens, two prompts of 64 tokens, 4 new tokens.
 TINY_CHECKS = -r retrieval_lengths 384 -r retrieval_depths "0,1" -p generation_prompts 2 -p generation_context 64 \
   -p generation_tokens 4
 # make test's tiny windows: two of 256 tokens at stride 128 (one with a compressed context).
@@ -178,7 +178,7 @@ zoo: setup
 	  -r schemes "$(ZOO_SCHEMES)" -p peers $(PEERS) -p corpus $(CORPUS) -p max_windows $(ZOO_WINDOWS) -p stride $(STRIDE) \
 	  -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) -r budget "$(ZOO_BUDGET)" \
 	  -r ruler_lengths "$(ZOO_RULER_LENGTHS)" -p ruler_samples $(ZOO_RULER_SAMPLES) \
-	  -r ruler_json "$(subst $(SPACE),$(COMMA),$(strip $(abspath $(ZOO_RULER_JSON))))"
+	  -r ruler_json "$(subst $(SPACE),$(COMMA),$(strip $(abspath $(subst $(COMMA),$(SPACE),$(ZOO_RULER_JSON)))))"
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/zoo.ipynb
 	@echo "Zoo: $(CURDIR)/$(REPORTS)/zoo.html (results: $(REPORTS)/zoo.json)"
 
@@ -243,7 +243,7 @@ ruler: setup
 	$(PAPERMILL) notebooks/ruler.ipynb $(BUILD)/executed/ruler.ipynb -k kvlib -p model $(MODEL) -p corpus $(CORPUS) \
 	  -r schemes "$(RULER_SCHEMES)" -r tasks "$(RULER_TASKS)" -r lengths "$(RULER_LENGTHS)" -p samples $(RULER_SAMPLES) \
 	  -r presses "$(RULER_PRESSES)" -p floors $(RULER_FLOORS) -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) \
-	  $(if $(RULER_JSON),-p from_json $(subst $(SPACE),$(COMMA),$(strip $(abspath $(RULER_JSON)))))
+	  $(if $(RULER_JSON),-p from_json $(subst $(SPACE),$(COMMA),$(strip $(abspath $(subst $(COMMA),$(SPACE),$(RULER_JSON))))))
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/ruler.ipynb
 	@echo "RULER: $(CURDIR)/$(REPORTS)/ruler.html (results: $(REPORTS)/ruler.json)"
 

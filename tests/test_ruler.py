@@ -286,6 +286,29 @@ def test_a_floor_stops_once_it_cannot_qualify(embedded, tmp_path, monkeypatch):
     assert r.scores("zeroed", "niah_single_1", 512) == [0.0] * 4 and r.cell(EXACT, "niah_single_1", 512)[0] == 50.0
 
 
+def test_waves_of_samples_give_the_cells_of_one_at_a_time(embedded, tmp_path, monkeypatch):
+    """An executor answering several samples at once (Ray's waves) keeps the answers up to where one
+    at a time would have stopped: the same floor, counted on the same samples."""
+    import kvlib.checks.ruler.run as run_mod
+
+    lm, tok = embedded
+
+    def never_found(self, s, names, known, label="", keep=False):
+        return {**known, **{m: {"answer": "", "score": 0.0, "seconds": 0.0, "cache_bytes": 0} for m in names}}
+
+    monkeypatch.setattr(run_mod.Runner, "answer", never_found)
+    cfg = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=8, presses=())
+    cells = {}
+    for width in (1, 3, 8):
+        def wide(*a, width=width, **k):
+            runner = run_mod.Runner(*a, **k)
+            runner.width = width
+            return runner
+        r = run_ruler(lm, tok, [], tmp_path, cfg, TEXT, transforms={"zeroed": zeroed}, executor=wide)
+        cells[width] = (r.scores(EXACT, "niah_single_1", 512), r.notes)
+    assert cells[3] == cells[8] == cells[1] and len(cells[1][0]) == 5  # 5 zeros of 8: 3 more cannot reach 50 %
+
+
 def test_a_qualifying_cell_prefills_each_sample_once(embedded, tmp_path, monkeypatch):
     """The samples the exact cache answered alone keep their prefill (bit for bit) until the
     schemes need it: one prefill per sample, and the answers of a single pass."""

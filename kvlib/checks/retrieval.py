@@ -64,10 +64,6 @@ class RetrievalConfig:
             kw["keys"] = int(keys)
         return cls(**kw)
 
-    @property
-    def cells_per_length(self) -> int:
-        return len(self.depths) * self.keys
-
 
 @dataclass(frozen=True)
 class Haystack:
@@ -212,10 +208,9 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
     haystacks = build_haystacks(tokenizer, config, lengths)
     missing = None
     if transforms is None:
-        transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers,
-                                               slots=config.cells_per_length)
+        transforms, missing = cache_transforms(codecs, Path(workdir), model_name, peers)
     names = [EXACT, *transforms]
-    specs = {EXACT: "exact", **{k: unit_key_of(t) or k for k, t in transforms.items()}}
+    specs = {EXACT: "exact", **{k: unit_key_of(t) for k, t in transforms.items()}}  # None: not stored
     runner = Runner(model, tokenizer, units, dict(transforms), specs, stop_tokens(model.config, tokenizer), [])
     answers: dict[str, list[Answer]] = {k: [] for k in names}
     seconds = dict.fromkeys(names, 0.0)
@@ -223,6 +218,8 @@ def run_retrieval(model: Any, tokenizer: Any, codecs: list[CodecConfig], workdir
     for i, h in enumerate(haystacks):
         got = runner.answer(h.sample, names, {})
         for name in names:
+            if name not in got:  # a transform that raised: its reason, not a KeyError
+                raise ValueError(f"retrieval with {name}: {runner.refused.get(name, 'no answer')}")
             answers[name].append(Answer(h.length, h.depth, h.key, got[name]["answer"], got[name]["score"] >= 1.0))
             seconds[name] += got[name]["seconds"]
         if progress:

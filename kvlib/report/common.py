@@ -118,6 +118,11 @@ def timing_rows(timing: dict[str, float]) -> list[tuple[str, str]]:
     return rows
 
 
+def length_label(n: int) -> str:
+    """A token count as a column says it: 4096 → 4K, 1000 → 1000."""
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
 def html_table(table_id: str, headers: list[str], rows: list[list[str]], wrap: tuple[int, ...] = ()):
     """An HTML table; the columns in ``wrap`` (long text) wrap, the others stay on one line."""
     from IPython.display import HTML

@@ -13,7 +13,7 @@ import numpy as np
 from kvlib.runs.crossmodel import CrossModelResult, points, ruler_points, snr_correlation
 from kvlib.runs.sweep import MIX_PREFIX
 from kvlib.gates import CI_LEVEL, RULER_EXACT_FLOOR
-from kvlib.report.common import Figure, fmt, html_table
+from kvlib.report.common import Figure, fmt, html_table, length_label
 from kvlib.report.common import timing_table as _timing_table
 
 
@@ -72,10 +72,6 @@ def delta_table(result: CrossModelResult | dict[str, Any]):
     return html_table("kvlib-zoo-deltas", headers, rows)
 
 
-def _length(n: int) -> str:
-    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
-
-
 def ruler_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The RULER columns: per model and length, each scheme's average over the tasks the exact cache
     does there (its CI), the exact cache's first; empty when no model has a RULER run."""
@@ -89,14 +85,14 @@ def ruler_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], li
     names = [s for s in names if any(k[2] == s for k in by)]
 
     def cell(p: dict[str, Any] | None) -> str:
-        if p is None:
+        if p is None or (p["qualifying"] and math.isnan(p["accuracy"])):
             return "–"
         if not p["qualifying"]:
             return '<span style="color:#57606a">no task qualifies</span>'
         return (f'{fmt(p["accuracy"], ".0f")} %<br><span style="color:#57606a;font-size:11px">'
                 f'[{fmt(p["ci_low"], ".0f")}, {fmt(p["ci_high"], ".0f")}]</span>')
 
-    headers = ["cache", *(f"{m} · {_length(n)}" for m, n in cols)]
+    headers = ["cache", *(f"{m} · {length_label(n)}" for m, n in cols)]
     rows = [[html.escape(s)] + [cell(by.get((m, n, s))) for m, n in cols] for s in names]
     return headers, rows
 
@@ -113,7 +109,7 @@ def ruler_reading(result: CrossModelResult | dict[str, Any]) -> str:
         return ("No RULER run beside these sweeps: `make zoo ZOO_RULER_LENGTHS=4096,8192` runs the suite on "
                 "every model, or `ZOO_RULER_JSON=...` attaches saved runs (`kv-validate --ruler --json`).")
     seen = {(p["model"], p["length"]): p for p in pts if p["scheme"] == "exact"}
-    parts = [f"{html.escape(m)} at {_length(n)}: " + (", ".join(p["qualifying"]) if p["qualifying"] else "none")
+    parts = [f"{html.escape(m)} at {length_label(n)}: " + (", ".join(p["qualifying"]) if p["qualifying"] else "none")
              + f" of {p['tasks']} tasks" for (m, n), p in seen.items()]
     return (f"RULER average (%) over the tasks the exact cache does at that length (accuracy ≥ {RULER_EXACT_FLOOR:.0f} "
             f"%; the others are the model's floor, where the schemes are not compared), with its {CI_LEVEL:.0%} CI. "

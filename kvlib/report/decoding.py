@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LinearSegmentedColormap
 
-from kvlib.report.common import Figure, fmt
+from kvlib.report.common import Figure, fmt, length_label
 
 _CMAP = LinearSegmentedColormap.from_list("kvlib_retrieval", ["#cf222e", "#f2cc60", "#1a7f37"])
 
@@ -58,7 +58,7 @@ def plot_retrieval(d: dict[str, Any], ncols: int = 4) -> Figure:
             for j in range(len(lengths)):
                 ax.text(j, i, f"{found[i, j]:.0f}/{total[i, j]:.0f}", ha="center", va="center", fontsize=7.5,
                         color="white" if acc[i, j] < 0.3 or acc[i, j] > 0.7 else "black")
-        ax.set_xticks(range(len(lengths)), [f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in lengths], fontsize=8)
+        ax.set_xticks(range(len(lengths)), [length_label(n) for n in lengths], fontsize=8)
         ax.set_yticks(range(len(depths)), [f"{x:.0%}" for x in depths], fontsize=8)
         ax.grid(False)
         ax.set_title(_title(s), fontsize=9, color="#1a7f37" if s["found"] == s["total"] else

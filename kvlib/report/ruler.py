@@ -13,7 +13,7 @@ from matplotlib.colors import LinearSegmentedColormap
 
 from kvlib.checks.ruler.run import EXACT, RulerResult
 from kvlib.gates import RULER_EXACT_FLOOR
-from kvlib.report.common import Figure, fmt
+from kvlib.report.common import Figure, fmt, length_label
 
 _CMAP = LinearSegmentedColormap.from_list("kvlib_ruler", ["#cf222e", "#f2cc60", "#1a7f37"])
 _PRESS_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#ff7f0e")
@@ -51,7 +51,7 @@ def plot_heatmaps(r: RulerResult) -> Figure:
             if not math.isnan(v):
                 ax.text(j, i, fmt(v * 100, ".0f"), ha="center", va="center", fontsize=7.5,
                         color="white" if v < 0.3 or v > 0.7 else "black")
-    ax.set_xticks(range(len(cols)), [f"{t}\n{n // 1024}K" if n % 1024 == 0 else f"{t}\n{n}" for t, n in cols],
+    ax.set_xticks(range(len(cols)), [f"{t}\n{length_label(n)}" for t, n in cols],
                   fontsize=8)
     ax.xaxis.tick_top()
     ax.set_yticks(range(len(names)), names, fontsize=8)

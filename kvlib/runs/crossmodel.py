@@ -11,7 +11,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,8 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
                budget: str | list[float] | None = None, ruler: RulerConfig | None = None) -> CrossModelResult:
     """Sweep ``schemes`` on every model in turn (a zoo model is fetched first); ``budget`` (bits per
     element, one or a list) adds each model's own mix@BUDGET, planned on that model; ``ruler`` runs
-    the RULER suite on each model's presets too (its units in the results store: a rerun resumes)."""
+    the RULER suite on each model's presets too (its units in the results store: a rerun resumes;
+    without the presses, which the zoo report does not show)."""
     budgets = budget if isinstance(budget, list) else parse_budgets(budget)
     if not model_names:
         raise ValueError("no models to compare")
@@ -97,7 +98,8 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
         if ruler is not None:
             t = time.perf_counter()
             codecs = [resolve_codec(x) for x in schemes]
-            d["ruler"] = run_ruler_suite(codecs, ruler, model=m, device=device, dtype=dtype, verbose=verbose).to_dict()
+            d["ruler"] = run_ruler_suite(codecs, replace(ruler, presses=()), model=m, device=device, dtype=dtype,
+                                         verbose=verbose).to_dict()
             seconds[f"{m}_ruler_s"] = time.perf_counter() - t
             gc.collect()
     mixes = [f"{MIX_PREFIX}{b:g}" for b in budgets]
@@ -134,8 +136,7 @@ def ruler_points(sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         r = RulerResult.from_dict(d)
         for n in r.lengths:
-            tasks = [t for t in r.tasks() if r.scores("exact", t, n)]
-            q = [t for t in tasks if r.qualifies(t, n)]
+            tasks, q = r.run_and_qualifying(n)
             for name, meta in r.schemes.items():
                 acc, lo, hi = r.average(name, n, qualifying_only=True) if q else (math.nan,) * 3
                 rows.append({"model": sw.get("model_spec", sw["model"]), "scheme": name, "kind": meta["kind"],

@@ -12,7 +12,7 @@ import tempfile
 import time
 from typing import Any
 
-from kvlib.checks.ruler.remote import RayRunner, RulerJob
+from kvlib.checks.ruler.remote import RayRunner, ruler_job
 from kvlib.checks.ruler.run import RulerConfig, RulerResult, run_ruler
 from kvlib.codec.spec import CodecConfig
 from kvlib.env import flag
@@ -32,7 +32,7 @@ def run_ruler_suite(codecs: list[CodecConfig], config: RulerConfig, model: str =
     with tempfile.TemporaryDirectory(prefix="kvlib-ruler-") as tmp:
         executor = None
         if ray or os.environ.get("RAY_ADDRESS") or flag("KVLIB_RAY"):
-            job = RulerJob(model, run.device, run.dtype_name, tuple((c.name, c.spec) for c in codecs), run.name)
+            job = ruler_job(model, run.device, run.dtype_name, codecs, run.name)
             executor = functools.partial(RayRunner, job=job, address=ray if isinstance(ray, str) else None)
         r = run_ruler(run.lazy(), run.tokenizer, codecs, tmp, config, run.text.text, run.name, progress=verbose,
                       units=CheckUnits(run.store, run.identity, "ruler"), executor=executor)

@@ -87,7 +87,7 @@ class _Worker:
             torch.set_num_threads(job.threads)
         self.job = job
         device = "cuda" if job.device.startswith("cuda") and torch.cuda.is_available() else job.device
-        self.lm, _ = load_model_and_tokenizer(job.model, device=device, dtype=torch_dtype(job.dtype))
+        self.lm, self.tok = load_model_and_tokenizer(job.model, device=device, dtype=torch_dtype(job.dtype))
         # A work directory only where the file CLI needs one: Ray ends its actors without running
         # finalizers, so a directory made here would outlive them (close() removes it before).
         self._tmp = None if shared_server() is not None else tempfile.TemporaryDirectory(prefix="kvlib-worker-")
@@ -167,41 +167,70 @@ class RayExecutor:
             return
         t0 = time.perf_counter()
         ray = ray_init(self.address)
-        gpus = 1 if job.device.startswith("cuda") else 0
-        res = ray.cluster_resources()
-        n = self.workers or max(1, int(res.get("GPU", 0)) if gpus else int(res.get("CPU", 1)) // self.cpus_per_worker)
-        n = min(n, len(missing))
-        Worker = ray.remote(num_cpus=self.cpus_per_worker, num_gpus=gpus, max_restarts=self.max_restarts,
-                            max_task_retries=self.max_restarts)(_Worker)
         ids_ref = ray.put(ids.cpu().numpy())
         # Each actor's torch uses the CPUs Ray gives it: 1 thread against the serial run's 2 gives
         # the same numbers (tests/test_ray.py, and make bench on the embedded model).
-        job = replace(job, threads=self.cpus_per_worker)
-        # The actors load the model concurrently; t1 is when the last is ready.
-        self.actors = [Worker.remote(job) for _ in range(n)]
-        self.pids = ray.get([a.pid.remote() for a in self.actors])  # each has loaded the model
-        todo = sorted(missing.items())
-        running: dict[Any, Any] = {}
-        idle = list(self.actors)
+        self.actors, self.pids = start_actors(ray, _Worker, replace(job, threads=self.cpus_per_worker),
+                                              actor_count(ray, job.device, self.workers, self.cpus_per_worker,
+                                                          len(missing)), self.cpus_per_worker, self.max_restarts)
         t1 = time.perf_counter()
         try:
-            while todo or running:
-                while todo and idle:
-                    actor = idle.pop()
-                    index, names = todo.pop(0)
-                    running[actor.score.remote(index, names, ids_ref)] = actor
-                ready, _ = ray.wait(list(running), num_returns=1)
-                for ref in ready:
-                    idle.append(running.pop(ref))
-                    index, got = ray.get(ref)
-                    on_window(index, {k: decode(v) for k, v in got.items()})
+            dispatch(ray, self.actors, sorted(missing.items()),
+                     lambda actor, item: actor.score.remote(item[0], item[1], ids_ref),
+                     lambda item, got: on_window(got[0], {k: decode(v) for k, v in got[1].items()}))
         finally:
-            try:
-                ray.get([a.close.remote() for a in self.actors], timeout=30)
-            except Exception:  # an actor that is gone has nothing left to remove
-                pass
-            for a in self.actors:
-                ray.kill(a)
+            end_actors(ray, self.actors)
             self.seconds = {"ray_start_s": t1 - t0, "ray_units_s": time.perf_counter() - t1}
-        print(f"kvlib: Ray: {n} worker(s), {len(missing)} window(s) in {time.perf_counter() - t0:.1f} s",
+        print(f"kvlib: Ray: {len(self.actors)} worker(s), {len(missing)} window(s) in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)
+
+
+def actor_count(ray: Any, device: str, workers: int | None, cpus_per_worker: int, work: int) -> int:
+    """How many actors: ``workers``, else one per GPU of the cluster on CUDA (each takes one), else
+    one per ``cpus_per_worker`` CPUs; never more than the ``work`` items there are."""
+    res = ray.cluster_resources()
+    n = workers or (int(res.get("GPU", 0)) if device.startswith("cuda") else int(res.get("CPU", 1)) // cpus_per_worker)
+    return max(1, min(n, work))
+
+
+def start_actors(ray: Any, worker: type, job: Any, n: int, cpus_per_worker: int, max_restarts: int,
+                 *args: Any) -> tuple[list[Any], list[int]]:
+    """``n`` actors of ``worker(job, *args)`` (one GPU each on CUDA), and their pids once each has
+    loaded (so the time to here is the start's)."""
+    gpus = 1 if job.device.startswith("cuda") else 0
+    remote = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus, max_restarts=max_restarts,
+                        max_task_retries=max_restarts)(worker)
+    actors = [remote.remote(job, *args) for _ in range(n)]  # they load the model concurrently
+    return actors, ray.get([a.pid.remote() for a in actors])
+
+
+def dispatch(ray: Any, actors: list[Any], todo: list[Any], submit: Callable[[Any, Any], Any],
+             done: Callable[[Any, Any], None]) -> None:
+    """``todo``'s items handed to ``actors`` one at a time as they free up (``submit(actor, item)``
+    gives the task's ref), ``done(item, result)`` told as each finishes. On an error, the tasks in
+    flight are waited for before it is raised, so that ``end_actors`` finds the actors idle."""
+    todo, running, idle = list(todo), {}, list(actors)
+    try:
+        while todo or running:
+            while todo and idle:
+                actor, item = idle.pop(), todo.pop(0)
+                running[submit(actor, item)] = (actor, item)
+            ready, _ = ray.wait(list(running), num_returns=1)
+            for ref in ready:
+                actor, item = running.pop(ref)
+                idle.append(actor)
+                done(item, ray.get(ref))
+    except BaseException:
+        if running:
+            ray.wait(list(running), num_returns=len(running), timeout=60)
+        raise
+
+
+def end_actors(ray: Any, actors: list[Any]) -> None:
+    """Each actor's work directory removed (``close``), then the actor killed."""
+    try:
+        ray.get([a.close.remote() for a in actors], timeout=30)
+    except Exception:  # an actor that is gone has nothing left to remove
+        pass
+    for a in actors:
+        ray.kill(a)

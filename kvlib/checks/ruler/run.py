@@ -143,6 +143,11 @@ class RulerResult:
     def tasks(self) -> list[str]:
         return [t for t in self.config["tasks"] if any(a.task == t for a in self.answers[EXACT])]
 
+    def run_and_qualifying(self, length: int) -> tuple[list[str], list[str]]:
+        """The tasks the exact cache answered at ``length``, and those of them it qualifies on."""
+        tasks = [t for t in self.tasks() if self.scores(EXACT, t, length)]
+        return tasks, [t for t in tasks if self.qualifies(t, length)]
+
     def average(self, scheme: str, length: int, qualifying_only: bool = False) -> tuple[float, float, float]:
         """RULER's average over tasks at one length (kvpress's leaderboard number), with its CI."""
         tasks = [t for t in self.tasks() if self.scores(EXACT, t, length)
@@ -173,8 +178,7 @@ class RulerResult:
         (averages over the qualifying tasks: where the schemes are compared)."""
         out = []
         for n in self.lengths:
-            tasks = [t for t in self.tasks() if self.scores(EXACT, t, n)]
-            q = [t for t in tasks if self.qualifies(t, n)]
+            tasks, q = self.run_and_qualifying(n)
             head = f"ruler {n}, {len(q)} of {len(tasks)} tasks qualify"
             if not q:
                 out.append(head + f" (the exact cache's average {self.average(EXACT, n)[0]:.1f})")
@@ -191,8 +195,7 @@ class RulerResult:
         range of the codecs' and the presses' (the summary names every cache)."""
         out = []
         for n in self.lengths:
-            tasks = [t for t in self.tasks() if self.scores(EXACT, t, n)]
-            q = [t for t in tasks if self.qualifies(t, n)]
+            tasks, q = self.run_and_qualifying(n)
             line = f"At {n} tokens {len(q)} of {len(tasks)} tasks qualify" + (f" ({', '.join(q)})" if q else "")
             if q:
                 line += f": the exact cache averages {self.average(EXACT, n, True)[0]:.0f} % on them"
@@ -367,16 +370,18 @@ def _run_cell(runner: "Runner", n: int, task: Any, config: RulerConfig, env: Env
     samples = [task.sample(runner.tokenizer, n, config.seed, i, env) for i in range(config.samples)]
     label = f"ruler {n} {task.name} #"
     known: list[dict[str, dict]] = []
-    sure = config.floors
-    while len(known) < len(samples):
+    sure, stop = config.floors, False
+    while len(known) < len(samples) and not stop:
         wave = samples[len(known):len(known) + max(1, runner.width)]
         names = [m for m in schemes if m not in runner.refused] if sure else [EXACT]
-        known += runner.answer_all([(s, names, {}, f"{label}{len(known) + j}", not sure)
-                                    for j, s in enumerate(wave)])
-        scores = [k[EXACT]["score"] for k in known]
-        if not config.floors and ruler_out_of_reach(scores, len(samples)):
-            break
-        sure = sure or ruler_sure(scores, len(samples))
+        for got in runner.answer_all([(s, names, {}, f"{label}{len(known) + j}", not sure)
+                                      for j, s in enumerate(wave)]):
+            known.append(got)  # sample by sample, as one at a time would: a wave stops where it would have
+            scores = [k[EXACT]["score"] for k in known]
+            stop = not config.floors and ruler_out_of_reach(scores, len(samples))
+            if stop:
+                break
+            sure = sure or ruler_sure(scores, len(samples))
     exact = accuracy([k[EXACT]["score"] for k in known])[0]
     stopped = "" if len(known) == len(samples) else (
         f" on {len(known)} of {len(samples)} samples: a score of 1 on the rest could not lift it to "
@@ -457,7 +462,7 @@ class Runner:
         inputs = unit_inputs(s, self.stop)
         got = dict(known)
         for name in names:
-            if name not in got and name not in self.refused:
+            if name not in got and name not in self.refused and self.specs.get(name):
                 body = self.units.get(inputs, self.specs[name])
                 if body is not None:
                     got[name] = body
@@ -492,7 +497,8 @@ class Runner:
         """Computed answers into the store and ``got``, and the progress line."""
         inputs = unit_inputs(s, self.stop)
         for name, body in computed.items():
-            self.units.put(inputs, self.specs[name], body)
+            if self.specs.get(name):  # a transform with no unit key (a test's function) is not stored
+                self.units.put(inputs, self.specs[name], body)
             got[name] = body
         if self.progress and computed:
             done = list(computed)

@@ -210,8 +210,9 @@ class Niah(Task):
             words = essay_words(env.haystack_text)
             text = " ".join((words * math.ceil(size / len(words)))[:size])
             sents = sentences(text)
-            depths = [self.depth * 100] if self.depth is not None else rng.sample(DEPTHS, len(needles))
-            cuts = [0] + sorted(int(len(sents) * d / 100) for d in depths) + [len(sents)]
+            at = ([round(len(sents) * self.depth)] if self.depth is not None else
+                  [int(len(sents) * d / 100) for d in rng.sample(DEPTHS, len(needles))])
+            cuts = [0] + sorted(at) + [len(sents)]
             parts = []
             for i in range(len(cuts) - 1):
                 parts += sents[cuts[i]:cuts[i + 1]]
