@@ -117,8 +117,8 @@ def test_saved_ruler_runs_give_the_zoo_its_ruler_columns(result, tmp_path):
     assert [row[0] for row in rows] == ["exact", "int4"]  # the zoo's schemes the run has; presses left out
     for row, name in zip(rows, ("exact", "int4")):
         acc, lo, hi = r4.average(name, 1024, qualifying_only=True)
-        assert row[1] == row[2] and row[1].startswith(f"{acc:.0f} %") and f"[{lo:.0f}, {hi:.0f}]" in row[1]
-    assert "at 1K: niah_single_1 of 2 tasks" in crossmodel_report.ruler_reading(zoo)
+        assert row[1] == row[2] and f">{acc:.0f} %<" in row[1] and f"[{lo:.0f}, {hi:.0f}]" in row[1]
+    assert "at 1K: 1 of 2 tasks (niah_single_1)" in crossmodel_report.ruler_reading(zoo)
     other = tmp_path / "other.json"
     other.write_text(json.dumps(dict(r4.to_dict(), config=dict(r4.config, model="someone-else"))))
     with pytest.raises(ValueError, match=r"other.json: a RULER run of 'someone-else'"):

@@ -84,16 +84,18 @@ def ruler_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], li
     names = list(dict.fromkeys(["exact", *r["schemes"], *(p["scheme"] for p in pts)]))
     names = [s for s in names if any(k[2] == s for k in by)]
 
-    def cell(p: dict[str, Any] | None) -> str:
+    def cell(p: dict[str, Any] | None, exact: dict[str, Any] | None) -> str:
         if p is None or (p["qualifying"] and math.isnan(p["accuracy"])):
             return "–"
         if not p["qualifying"]:
             return '<span style="color:#57606a">no task qualifies</span>'
-        return (f'{fmt(p["accuracy"], ".0f")} %<br><span style="color:#57606a;font-size:11px">'
+        lost = exact is not None and p["ci_high"] < exact["accuracy"]  # below the exact cache beyond its CI
+        style = ' style="color:#cf222e;font-weight:600"' if lost else ""
+        return (f'<span{style}>{fmt(p["accuracy"], ".0f")} %</span><br><span style="color:#57606a;font-size:11px">'
                 f'[{fmt(p["ci_low"], ".0f")}, {fmt(p["ci_high"], ".0f")}]</span>')
 
     headers = ["cache", *(f"{m} · {length_label(n)}" for m, n in cols)]
-    rows = [[html.escape(s)] + [cell(by.get((m, n, s))) for m, n in cols] for s in names]
+    rows = [[html.escape(s)] + [cell(by.get((m, n, s)), by.get((m, n, "exact"))) for m, n in cols] for s in names]
     return headers, rows
 
 
@@ -109,10 +111,11 @@ def ruler_reading(result: CrossModelResult | dict[str, Any]) -> str:
         return ("No RULER run beside these sweeps: `make zoo ZOO_RULER_LENGTHS=4096,8192` runs the suite on "
                 "every model, or `ZOO_RULER_JSON=...` attaches saved runs (`kv-validate --ruler --json`).")
     seen = {(p["model"], p["length"]): p for p in pts if p["scheme"] == "exact"}
-    parts = [f"{html.escape(m)} at {length_label(n)}: " + (", ".join(p["qualifying"]) if p["qualifying"] else "none")
-             + f" of {p['tasks']} tasks" for (m, n), p in seen.items()]
+    parts = [f"{html.escape(m)} at {length_label(n)}: {len(p['qualifying'])} of {p['tasks']} tasks"
+             + (f" ({', '.join(p['qualifying'])})" if p["qualifying"] else "") for (m, n), p in seen.items()]
     return (f"RULER average (%) over the tasks the exact cache does at that length (accuracy ≥ {RULER_EXACT_FLOOR:.0f} "
-            f"%; the others are the model's floor, where the schemes are not compared), with its {CI_LEVEL:.0%} CI. "
+            f"%; the others are the model's floor, where the schemes are not compared), with its {CI_LEVEL:.0%} CI; red: "
+            "below the exact cache beyond that CI. "
             "Qualifying: "
             + "; ".join(parts) + ".")
 
