@@ -550,9 +550,9 @@ def decoding_costs() -> None:
     gb = 1e9
     print(f"\n== Retrieval at 8K: {d['haystacks']} haystacks of 8,192 tokens, int4 through the CLI ({d['summary']})")
     print(f"  peak resident memory             {d['peak_rss'] / gb:7.2f} GB (model loaded: {d['after_load'] / gb:.2f} GB)")
-    print(f"  one decoding batch (K, V, F32)   {d['batch_bytes'] / gb:7.2f} GB")
+    print(f"  one prompt's batch (K, V, F32)   {d['batch_bytes'] / gb:7.2f} GB (the exact cache's row and int4's)")
     print(f"  (peak - model) / batch           {(d['peak_rss'] - d['after_load']) / d['batch_bytes']:7.2f}  "
-          "(exact caches, the batch, and the batch growing by one token)")
+          "(the exact cache, int4's reconstruction, the batch growing by one token)")
     print(f"  prefill (once, shared)           {d['prefill_s']:7.1f} s")
     print(f"  int4 after it (CLI + answers)    {d['scheme_s']:7.1f} s; exact cache {d['exact_s']:.1f} s")
     print(f"  a scheme / its own prefill + it  {d['scheme_s'] / (d['prefill_s'] + d['scheme_s']):7.3f}")

@@ -1,6 +1,6 @@
 """Peak memory and prefill saving of pass-key retrieval at the model's full
-context: 5 haystacks of 8,192 tokens (depths 0-100 %), int4 through the real
-CLI. Run alone (make bench starts it in a fresh process) so that the peak
+context: 5 prompts of 8,192 tokens (niah_single_1 at depths 0-100 %), int4 through
+the real CLI, one prompt at a time (its batch: the exact cache's row and int4's). Run alone (make bench starts it in a fresh process) so that the peak
 resident size is this run's own; prints one JSON line."""
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ def main() -> None:
     g = model.config
     kv_heads = getattr(g, "num_key_value_heads", g.num_attention_heads)
     head_dim = getattr(g, "head_dim", None) or g.hidden_size // g.num_attention_heads
-    batch = 2 * g.num_hidden_layers * kv_heads * head_dim * 4 * 8192 * config.cells_per_length  # float32 K and V
+    rows = 1 + len(r.schemes)  # one prompt's batch: the exact cache and each scheme, float32 K and V
+    batch = 2 * g.num_hidden_layers * kv_heads * head_dim * 4 * 8192 * rows
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "after_load": loaded,
-                      "batch_bytes": batch, "haystacks": config.cells_per_length, "summary": r.summary(),
+                      "batch_bytes": batch, "haystacks": len(config.depths) * config.keys, "summary": r.summary(),
                       "prefill_s": r.timing["prefill_s"], "exact_s": r.exact.seconds,
                       "scheme_s": r.schemes[0].seconds}))
 
