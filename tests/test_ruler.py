@@ -408,11 +408,25 @@ def test_runs_of_different_lengths_merge_into_one_result():
     assert both.cell("int4", "niah_single_1", 2048) == r.cell("int4", "niah_single_1", 1024)
     assert both.scores("knorm@int4", "vt", 2048) == [] and both.timing["total_s"] == 3.0
     assert both.notes[-1] == "at 2048" and type(r).from_dict(both.to_dict()).table() == both.table()
-    with pytest.raises(ValueError, match="length 1024 is in results 1 and 2"):
+    with pytest.raises(ValueError, match="niah_single_1 at 1024 is in results 1 and 2"):
         RulerResult.merge([r, r])
     other = RulerResult(dict(longer.config, seed=7), longer.lengths, longer.answers, longer.schemes)
     with pytest.raises(ValueError, match="different seed"):
         RulerResult.merge([r, other])
+
+
+def test_runs_of_different_tasks_at_one_length_merge_cell_by_cell():
+    from kvlib.checks.ruler.run import RulerResult
+
+    r = made_result()
+    pick = {t: RulerResult(dict(r.config, tasks=[t]), r.lengths, {k: [a for a in v if a.task == t]
+                                                                  for k, v in r.answers.items()}, r.schemes, r.notes)
+            for t in ("vt", "niah_single_1")}
+    both = RulerResult.merge([pick["vt"], pick["niah_single_1"]])
+    assert both.config["tasks"] == ["niah_single_1", "vt"]  # the suite's order, whichever run came first
+    assert both.table() == r.table() and both.summary() == r.summary()
+    with pytest.raises(ValueError, match="vt at 1024 is in results 1 and 3"):
+        RulerResult.merge([pick["vt"], pick["niah_single_1"], pick["vt"]])
 
 
 def test_report_marks_floors_and_draws_both_families():

@@ -216,30 +216,33 @@ class RulerResult:
 
     @classmethod
     def merge(cls, results: list["RulerResult"]) -> "RulerResult":
-        """Runs of different lengths as one result (a grid run length by length): their schemes in
-        order of appearance, each length from the one run that measured it (ValueError otherwise)."""
+        """Runs of different lengths or tasks as one result (a grid run piece by piece): their schemes
+        in order of appearance, each (task, length) cell from the one run that measured it (ValueError
+        otherwise)."""
         if not results:
             raise ValueError("no RULER results to merge")
         for key in ("model", "seed", "haystack", "presses", "floors"):
             values = {repr(r.config.get(key)) for r in results}
             if len(values) > 1:
                 raise ValueError(f"RULER results of different {key} ({', '.join(sorted(values))}) do not merge")
-        seen: dict[int, int] = {}
+        seen: dict[tuple[str, int], int] = {}
         for i, r in enumerate(results):
-            for n in r.lengths:
-                if n in seen:
-                    raise ValueError(f"length {n} is in results {seen[n] + 1} and {i + 1}: merge runs of different "
-                                     "lengths")
-                seen[n] = i
+            for cell in dict.fromkeys((a.task, a.length) for a in r.answers.get(EXACT, [])):
+                if cell in seen:
+                    raise ValueError(f"{cell[0]} at {cell[1]} is in results {seen[cell] + 1} and {i + 1}: merge "
+                                     "runs of different lengths or tasks")
+                seen[cell] = i
         schemes = {k: v for r in results for k, v in r.schemes.items()}
         answers = {k: [a for r in results for a in r.answers.get(k, [])] for k in schemes}
         config = dict(results[0].config)
-        config["tasks"] = list(dict.fromkeys(t for r in results for t in r.config["tasks"]))
-        config["lengths"] = sorted(seen)
+        tasks = dict.fromkeys(t for r in results for t in r.config["tasks"])
+        config["tasks"] = sorted(tasks, key=lambda t: (list(TASKS).index(t) if t in TASKS else len(TASKS)))
+        config["lengths"] = lengths = sorted({n for r in results for n in r.lengths})
         keys = dict.fromkeys(k for r in results for k in r.timing)
         timing = {k: (max if k.startswith("peak") else sum)(r.timing.get(k, 0.0) for r in results)
                   for k in keys}  # times add up, a peak is the largest
-        return cls(config, sorted(seen), answers, schemes, [n for r in results for n in r.notes], timing)
+        notes = list(dict.fromkeys(n for r in results for n in r.notes))
+        return cls(config, lengths, answers, schemes, notes, timing)
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config, "lengths": self.lengths, "schemes": self.schemes, "notes": self.notes,
