@@ -66,8 +66,29 @@ var exllamaV2 = &engine{
 
 const exl2Chunk = 64 // a Hadamard chunk: two interleaved groups of 32, two scales
 
-// rn16 rounds to fp16 and back: a value an fp16 register holds.
-func rn16(v float32) float32 { return safetensors.FP16ToFloat32(safetensors.Float32ToFP16(v)) }
+// rn16 rounds to fp16 and back: a value an fp16 register holds. It is
+// safetensors.Float32ToFP16 then FP16ToFloat32 (TestRN16IsTheFP16RoundTrip
+// checks every float32), branch-free on the float32 bits, as the
+// engines' fp16 arithmetic emulated step by step calls it many times an
+// element: a normal fp16 keeps 10 mantissa bits (ties to even, a carry
+// moves the exponent); below 2^-14 the fp16 subnormals are the multiples
+// of 2^-24, which adding and taking off 0.5 rounds to in float32; past
+// 65504 (65520 on) Inf; a NaN the quiet NaN, with its sign.
+func rn16(v float32) float32 {
+	u := math.Float32bits(v)
+	a := u & 0x7fffffff
+	r := (a + 0xfff + (a >> 13 & 1)) &^ 0x1fff
+	if a < 0x38800000 {
+		r = math.Float32bits(float32(math.Float32frombits(a)+0.5) - 0.5)
+	}
+	if r > 0x477fe000 {
+		r = 0x7f800000
+	}
+	if a > 0x7f800000 {
+		r = 0x7fc00000
+	}
+	return math.Float32frombits(u&0x80000000 | r)
+}
 
 // rn16of64 rounds an exact float64 to fp16 without double rounding:
 // first to float32 rounding to odd, then to fp16 (24 >= 11 + 2 bits).
@@ -96,14 +117,11 @@ func decodeEXL2FP8All(j *tensorJob, y []float32, qlo, qhi int) {
 // exl2Hadamard runs the fp16 butterfly over the two interleaved groups of
 // a chunk in place (encode and decode use the same one).
 func exl2Hadamard(w *[exl2Chunk]float32) {
-	for p := 0; p < 2; p++ {
-		for h := 1; h < 32; h <<= 1 {
-			for l := 0; l < 32; l++ {
-				if l&h != 0 {
-					continue
-				}
-				a, b := w[2*l+p], w[2*(l|h)+p]
-				w[2*l+p], w[2*(l|h)+p] = rn16(a+b), rn16(a-b)
+	for h := 2; h < exl2Chunk; h <<= 1 { // lanes l and l|h of group p are w[2l+p] and w[2l+p+2h]
+		for base := 0; base < exl2Chunk; base += 2 * h {
+			for i := base; i < base+h; i++ { // both groups' pairs of this stage at once
+				a, b := w[i], w[i+h]
+				w[i], w[i+h] = rn16(a+b), rn16(a-b)
 			}
 		}
 	}

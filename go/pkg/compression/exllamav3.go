@@ -67,10 +67,10 @@ var exl3R32 = math.Float32frombits(0x3E3504F3) // float32(1/√32)
 // exl3Hadamard is the float32 butterfly of 32 in natural order, in place.
 func exl3Hadamard(v *[exl3Group]float32) {
 	for h := 1; h < exl3Group; h <<= 1 {
-		for i := 0; i < exl3Group; i++ {
-			if i&h == 0 {
-				a, c := v[i], v[i|h]
-				v[i], v[i|h] = a+c, a-c
+		for base := 0; base < exl3Group; base += 2 * h { // the pairs (i, i|h): i&h == 0
+			for i := base; i < base+h; i++ {
+				a, c := v[i], v[i+h]
+				v[i], v[i+h] = a+c, a-c
 			}
 		}
 	}
@@ -98,8 +98,8 @@ func exl3Quantizer(bits int) func(x []float32, dst []byte) bool {
 		var v [exl3Group]float32
 		nonFinite := false
 		for i, e := range x[:exl3Group] {
-			v[i] = rn16(e) // the model's fp16 values
-			nonFinite = nonFinite || math.IsNaN(float64(e)) || math.IsInf(float64(e), 0)
+			v[i] = rn16(e)                                                        // the model's fp16 values
+			nonFinite = nonFinite || math.Float32bits(e)&0x7f800000 == 0x7f800000 // NaN or ±Inf
 		}
 		exl3Hadamard(&v)
 		var amax float32
@@ -119,15 +119,16 @@ func exl3Quantizer(bits int) func(x []float32, dst []byte) bool {
 				q[i] = uint32(min(max(math.Floor(y), 0), qmax))
 			}
 		}
-		words := dst[:4*bits]
-		clear(words)
 		wb, rem := 0, bits
-		for _, w := range planes {
+		for _, w := range planes { // plane of width w: 32/w fields a word, w words
 			rem -= w
-			for j := range q {
-				field := q[j] >> rem & (1<<w - 1)
-				word, bit := wb+j*w/32, j*w%32
-				binary.LittleEndian.PutUint32(words[4*word:], binary.LittleEndian.Uint32(words[4*word:])|field<<bit)
+			per := 32 / w
+			for k := 0; k < w; k++ {
+				var word uint32
+				for j := per*k + per - 1; j >= per*k; j-- {
+					word = word<<w | q[j]>>rem&(1<<w-1)
+				}
+				binary.LittleEndian.PutUint32(dst[4*(wb+k):], word)
 			}
 			wb += w
 		}
@@ -144,9 +145,13 @@ func exl3Dequantizer(bits int) func(src []byte, dst []float32) {
 		var q [exl3Group]uint32
 		wb := 0
 		for _, w := range planes {
-			for j := range q {
-				word, bit := wb+j*w/32, j*w%32
-				q[j] = q[j]<<w | binary.LittleEndian.Uint32(src[4*word:])>>bit&(1<<w-1)
+			per := 32 / w
+			for k := 0; k < w; k++ {
+				word := binary.LittleEndian.Uint32(src[4*(wb+k):])
+				for j := per * k; j < per*k+per; j++ {
+					q[j] = q[j]<<w | word&(1<<w-1)
+					word >>= w
+				}
 			}
 			wb += w
 		}

@@ -66,20 +66,22 @@ func kvfp4Exponent(amax float32) int {
 // The quotient is rounded to float32 as torch's division rounds it: a tiny
 // negative value in a block of large ones underflows to -0, which is not
 // < 0 and gets sign bit 0 (SGLang's own code agrees, tests/test_sglang_formats.py).
-func kvfp4Code(x float32, e int) uint8 {
-	s := float64(float32(math.Ldexp(float64(x), -e))) // exact in float64, then one rounding
-	var c uint8
-	if s < 0 {
-		c = 8
-	}
-	a := math.Abs(s)
-	for _, b := range [7]float64{0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} {
-		if a >= b {
-			c++
-		}
+// inv is 2^-e (e in [-33, 127]: x·inv never leaves float64's normal
+// range). Branch-free: the quotient's float32 bits order as magnitudes,
+// so each bound reached adds one by an unsigned borrow.
+func kvfp4Code(x float32, inv float64) uint8 {
+	u := math.Float32bits(float32(float64(x) * inv)) // exact in float64, then one rounding
+	a := u &^ 0x80000000
+	c := uint8(u >> 31 & (-a >> 31) << 3) // the sign bit of a quotient < 0 (not of -0)
+	for _, b := range kvfp4Bounds {
+		c += uint8((b - 1 - a) >> 31) // a >= b
 	}
 	return c
 }
+
+// kvfp4Bounds are the float32 bits of the E2M1 bounds SGLang counts,
+// {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} (a value on a bound rounds up).
+var kvfp4Bounds = [7]uint32{0x3e800000, 0x3f400000, 0x3fa00000, 0x3fe00000, 0x40200000, 0x40600000, 0x40a00000}
 
 // sglangQuantizeFP4 writes one block of 16 values.
 func sglangQuantizeFP4(x []float32, dst []byte) bool {
@@ -89,8 +91,9 @@ func sglangQuantizeFP4(x []float32, dst []byte) bool {
 		return true
 	}
 	e := kvfp4Exponent(math.Float32frombits(top))
+	inv := math.Ldexp(1, -e)
 	for i := 0; i < kvfp4Block; i += 2 {
-		dst[i/2] = kvfp4Code(x[i], e) | kvfp4Code(x[i+1], e)<<4
+		dst[i/2] = kvfp4Code(x[i], inv) | kvfp4Code(x[i+1], inv)<<4
 	}
 	dst[kvfp4Block/2] = uint8(e + 127)
 	return false
@@ -102,10 +105,6 @@ func sglangDequantizeFP4(src []byte, dst []float32) {
 	scale := float32(math.Ldexp(1, int(src[kvfp4Block/2])-127))
 	for i := 0; i < kvfp4Block; i++ {
 		c := src[i/2] >> (4 * (i & 1)) & 0xf
-		v := e2m1Values[c&7] * scale
-		if c&8 != 0 {
-			v = -v
-		}
-		dst[i] = v
+		dst[i] = math.Float32frombits(math.Float32bits(e2m1Values[c&7]*scale) | uint32(c&8)<<28) // c&8: negative
 	}
 }

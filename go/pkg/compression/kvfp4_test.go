@@ -100,3 +100,70 @@ func TestVLLMSigns(t *testing.T) {
 		t.Errorf("mt19937 10000th output %d", v)
 	}
 }
+
+// e2m1Step strides the float32 bit patterns the E2M1 code tests cover
+// (1 checks all 2^32).
+const e2m1Step = 97
+
+// The branch-free E2M1 codes are the bound comparisons they replace, on a
+// stride of every float32 (both signs, zeros, NaN) and on each bound:
+// SGLang's count of the bounds reached (ties away from zero; -0 and a
+// quotient that underflows to it unsigned), and OCP's round to nearest
+// even, signed zeros kept.
+func TestE2M1CodesCountTheirBounds(t *testing.T) {
+	sglang := func(x float32, inv float64) uint8 {
+		s := float64(float32(float64(x) * inv))
+		var c uint8
+		if s < 0 {
+			c = 8
+		}
+		for _, b := range [7]float64{0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} {
+			if math.Abs(s) >= b {
+				c++
+			}
+		}
+		return c
+	}
+	ocp := func(v float64) uint8 {
+		var sign uint8
+		if math.Signbit(v) {
+			sign = 8
+		}
+		a := math.Abs(v)
+		for i, b := range [7]float64{0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} {
+			if a < b || a == b && i%2 == 0 { // a tie goes to the even code
+				return sign | uint8(i)
+			}
+		}
+		return sign | 7
+	}
+	bad := 0
+	check := func(u uint32) {
+		x := math.Float32frombits(u)
+		if x != x {
+			if got := e2m1RNE(float64(x)); got&7 != 7 {
+				t.Errorf("e2m1RNE(NaN %#08x) = %#x", u, got)
+			}
+			return
+		}
+		for _, inv := range []float64{1, 0.25, 1 << 33} {
+			if got, want := kvfp4Code(x, inv), sglang(x, inv); got != want && bad < 5 {
+				t.Errorf("kvfp4Code(%g, %g) = %#x, want %#x", x, inv, got, want)
+				bad++
+			}
+		}
+		if got, want := e2m1RNE(float64(x)), ocp(float64(x)); got != want && bad < 5 {
+			t.Errorf("e2m1RNE(%g) = %#x, want %#x", x, got, want)
+			bad++
+		}
+	}
+	for u := uint64(0); u < 1<<32; u += e2m1Step {
+		check(uint32(u))
+	}
+	for _, b := range []float32{0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 6, 0} {
+		for _, v := range []float32{b, math.Nextafter32(b, 0), math.Nextafter32(b, 10)} {
+			check(math.Float32bits(v))
+			check(math.Float32bits(-v))
+		}
+	}
+}

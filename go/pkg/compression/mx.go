@@ -62,32 +62,23 @@ var (
 )
 
 // e2m1RNE is E2M1 of v, round to nearest even, saturating at 6; a value
-// that rounds to zero keeps its sign.
+// that rounds to zero keeps its sign. v is a float32 times a power of
+// two, within float32's range (mxQuantizer), so its comparisons are its
+// float32's; branch-free, counting the bounds reached as kvfp4Code does.
 func e2m1RNE(v float64) uint8 {
-	var sign uint8
-	if math.Signbit(v) {
-		sign = 8
+	u := math.Float32bits(float32(v))
+	a := u &^ 0x80000000
+	c := uint8(u >> 31 << 3)
+	for _, b := range e2m1RNEBounds {
+		c += uint8((b - 1 - a) >> 31) // a >= b
 	}
-	a := math.Abs(v)
-	// the midpoints between neighbours, and which side a tie takes (to the even code)
-	switch {
-	case a <= 0.25:
-		return sign
-	case a < 0.75:
-		return sign | 1
-	case a <= 1.25:
-		return sign | 2
-	case a < 1.75:
-		return sign | 3
-	case a <= 2.5:
-		return sign | 4
-	case a < 3.5:
-		return sign | 5
-	case a <= 5:
-		return sign | 6
-	}
-	return sign | 7
+	return c
 }
+
+// e2m1RNEBounds are the least float32 magnitudes of codes 1 to 7: past
+// each midpoint between neighbours, or on it where the tie goes to the
+// even (upper) code: > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5.
+var e2m1RNEBounds = [7]uint32{0x3e800001, 0x3f400000, 0x3fa00001, 0x3fe00000, 0x40200001, 0x40600000, 0x40a00001}
 
 // mxExponent is the shared exponent of a block of largest |x| amax.
 func mxExponent(amax float32, emax int) int {
@@ -108,8 +99,9 @@ func mxQuantizer(el mxElement) func(x []float32, dst []byte) bool {
 			n = mxBlock / 2
 			clear(dst[:n])
 		}
+		inv := math.Ldexp(1, -e)
 		for i, v := range x[:mxBlock] {
-			c := el.encode(math.Ldexp(float64(v), -e)) // exact: a power of two
+			c := el.encode(float64(v) * inv) // exact: a power of two, |e| <= 127 inside float64's normals
 			if !el.nibble {
 				dst[i] = c
 			} else {

@@ -166,6 +166,12 @@ type fp8Format struct {
 	maxCode    uint8 // the largest finite magnitude's code (448: 0x7e; 57344: 0x7b)
 	nan        uint8 // the code of a NaN (the PTX canonical NaN)
 	decode     *[256]float32
+
+	// rounded's constants, from mant and bias
+	shift, half uint32  // 23 - mant; half an ulp of the format less one, in float32 mantissa units
+	rebias      uint32  // (127 - bias) << mant: float32's exponent bias moved to the format's
+	minNormal   uint32  // the float32 bits of the format's smallest normal, 2^(1-bias)
+	subScale    float32 // 2^(bias-1+mant): a subnormal's magnitude in smallest subnormals
 }
 
 var (
@@ -174,7 +180,10 @@ var (
 )
 
 func newFP8Format(mant, bias int, maxCode uint8) *fp8Format {
-	f := &fp8Format{mant: mant, bias: bias, maxCode: maxCode, nan: 0x7f, decode: new([256]float32)}
+	shift := uint32(23 - mant)
+	f := &fp8Format{mant: mant, bias: bias, maxCode: maxCode, nan: 0x7f, decode: new([256]float32),
+		shift: shift, half: 1<<(shift-1) - 1, rebias: uint32(127-bias) << mant,
+		minNormal: uint32(128-bias) << 23, subScale: float32(math.Ldexp(1, bias-1+mant))}
 	for c := 0; c < 256; c++ {
 		e, m := c>>mant&(1<<(7-mant)-1), c&(1<<mant-1)
 		var v float64
@@ -198,26 +207,32 @@ func newFP8Format(mant, bias int, maxCode uint8) *fp8Format {
 
 // encode converts y as __nv_cvt_float_to_fp8(y, __NV_SATFINITE, ...):
 // round to nearest even; beyond the largest finite value, and ±Inf, the
-// largest; NaN the canonical NaN.
+// largest; NaN the canonical NaN. Branch-free (selects): which rounding
+// path an element takes varies from element to element in a KV cache.
 func (f *fp8Format) encode(y float32) uint8 {
 	u := math.Float32bits(y)
-	if u&0x7fffffff > 0x7f800000 {
-		return f.nan
+	a := u & 0x7fffffff
+	c := uint8(u>>24)&0x80 | uint8(min(f.rounded(a), uint32(f.maxCode)))
+	if a > 0x7f800000 {
+		c = f.nan
 	}
-	return uint8(u>>24)&0x80 | uint8(min(f.rounded(u&0x7fffffff), uint32(f.maxCode)))
+	return c
 }
 
 // rounded is the code of the magnitude a (float32 bits, finite or Inf)
 // rounded to nearest even, unbounded: past the largest finite value it
-// counts on (an Inf's is far past it).
+// counts on (an Inf's is far past it). Both paths are computed and one
+// kept: a normal number of the format rounds its float32 mantissa to
+// mant bits (ties to even) and rebiases the exponent; a subnormal, or
+// zero, is scaled exactly to units of the smallest subnormal (< 2^mant)
+// and rounded to an integer, to even, by adding 2^23 in float32.
 func (f *fp8Format) rounded(a uint32) uint32 {
-	if int(a>>23)-127 >= 1-f.bias { // a normal number of the format (or beyond it)
-		shift := uint32(23 - f.mant)
-		r := (a + (1<<(shift-1) - 1) + (a >> shift & 1)) >> shift // round the mantissa, to even
-		return r - uint32(127-f.bias)<<f.mant
+	normal := (a+f.half+(a>>f.shift&1))>>f.shift - f.rebias
+	r := math.Float32bits(float32(math.Float32frombits(a)*f.subScale)+0x1p23) & 0x7fffff
+	if a >= f.minNormal {
+		r = normal
 	}
-	// a subnormal of the format, or zero: an exact scaling, then one rounding
-	return uint32(math.RoundToEven(float64(math.Float32frombits(a)) * math.Ldexp(1, f.bias-1+f.mant)))
+	return r
 }
 
 // encodeFP8All and decodeFP8All are a per-tensor FP8 format's conversion

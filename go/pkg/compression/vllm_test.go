@@ -48,6 +48,40 @@ func TestFP8EncodeIsRoundToNearestEvenSaturating(t *testing.T) {
 	}
 }
 
+// fp8RoundedStep strides the float32 magnitudes TestFP8RoundedMatchesFloat64
+// covers (1 checks all 2^31, about a minute).
+const fp8RoundedStep = 61
+
+// The branch-free rounding gives, for every finite float32 magnitude on a
+// stride, the code of the value rounded to nearest even in float64
+// arithmetic: the mantissa scaled to mant bits (a carry moves the
+// exponent), or a subnormal's multiple of the smallest subnormal.
+func TestFP8RoundedMatchesFloat64(t *testing.T) {
+	for _, f := range []*fp8Format{fp8E4M3, fp8E5M2} {
+		ref := func(a uint32) uint32 {
+			v := float64(math.Float32frombits(a))
+			_, e := math.Frexp(v)         // v = m * 2^e, m in [0.5, 1)
+			if v == 0 || e-1 < 1-f.bias { // zero, or below the smallest normal
+				return uint32(math.RoundToEven(math.Ldexp(v, f.bias-1+f.mant)))
+			}
+			q := uint32(math.RoundToEven(math.Ldexp(v, f.mant-(e-1)))) // in [2^mant, 2^(mant+1)]
+			return uint32(e-1+f.bias)<<f.mant + q - 1<<f.mant
+		}
+		bad := 0
+		for a := uint32(0); a < 0x7f800000 && bad < 5; a += fp8RoundedStep {
+			if got, want := f.rounded(a), ref(a); got != want {
+				t.Errorf("mant %d: rounded(%g) = %#x, want %#x", f.mant, math.Float32frombits(a), got, want)
+				bad++
+			}
+		}
+		for _, a := range []uint32{f.minNormal - 1, f.minNormal, 0x7f7fffff} { // the path boundary, the largest
+			if got, want := f.rounded(a), ref(a); got != want {
+				t.Errorf("mant %d: rounded(%g) = %#x, want %#x", f.mant, math.Float32frombits(a), got, want)
+			}
+		}
+	}
+}
+
 // With scale 1, keys beyond ±448 are counted and stored as ±448; a
 // calibrated scale saturates none.
 func TestFP8SaturationIsReported(t *testing.T) {
