@@ -62,9 +62,10 @@ var (
 )
 
 // e2m1RNE is E2M1 of v, round to nearest even, saturating at 6; a value
-// that rounds to zero keeps its sign. v is a float32 times a power of
-// two, within float32's range (mxQuantizer), so its comparisons are its
-// float32's; branch-free, counting the bounds reached as kvfp4Code does.
+// that rounds to zero keeps its sign; ±Inf and NaN saturate. v is a
+// float32 times a power of two (mxQuantizer), within float32's range in a
+// finite block, so its comparisons are its float32's; branch-free,
+// counting the bounds reached as kvfp4Code does.
 func e2m1RNE(v float64) uint8 {
 	u := math.Float32bits(float32(v))
 	a := u &^ 0x80000000
