@@ -134,7 +134,7 @@ def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
         ax.set_xlabel("context cache (MB, log scale)")
         ax.set_ylabel("RULER average, qualifying tasks (%)")
         ax.set_title(f"{n} tokens")
-        ax.legend(fontsize=8, loc="center right")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)  # below: no point hidden
     return Figure(fig, "RULER average against cache size, quantization and eviction, one panel per length")
 
 
