@@ -235,8 +235,8 @@ RULER_SAMPLES ?= 25
 RULER_PRESSES ?= streaming_llm,knorm,snapkv
 # True: the schemes run also where the exact cache is below the floor (by default only the exact cache runs there).
 RULER_FLOORS  ?= False
-# ruler.json files written before (by make ruler or kv-validate --ruler --json; runs of different lengths or tasks,
-# spaces between): rendered as one report without running.
+# ruler.json files written before (by make ruler or kv-validate --ruler --json; runs of different lengths,
+# tasks or schemes, spaces between): rendered as one report without running.
 RULER_JSON    ?=
 ruler: setup
 	mkdir -p $(REPORTS) $(BUILD)/executed

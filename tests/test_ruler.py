@@ -408,8 +408,7 @@ def test_runs_of_different_lengths_merge_into_one_result():
     assert both.cell("int4", "niah_single_1", 2048) == r.cell("int4", "niah_single_1", 1024)
     assert both.scores("knorm@int4", "vt", 2048) == [] and both.timing["total_s"] == 3.0
     assert both.notes[-1] == "at 2048" and type(r).from_dict(both.to_dict()).table() == both.table()
-    with pytest.raises(ValueError, match="niah_single_1 at 1024 is in results 1 and 2"):
-        RulerResult.merge([r, r])
+    assert RulerResult.merge([r, r]).table() == r.table()  # the same run twice: every cell agrees
     other = RulerResult(dict(longer.config, seed=7), longer.lengths, longer.answers, longer.schemes)
     with pytest.raises(ValueError, match="different seed"):
         RulerResult.merge([r, other])
@@ -425,8 +424,26 @@ def test_runs_of_different_tasks_at_one_length_merge_cell_by_cell():
     both = RulerResult.merge([pick["vt"], pick["niah_single_1"]])
     assert both.config["tasks"] == ["niah_single_1", "vt"]  # the suite's order, whichever run came first
     assert both.table() == r.table() and both.summary() == r.summary()
-    with pytest.raises(ValueError, match="vt at 1024 is in results 1 and 3"):
-        RulerResult.merge([pick["vt"], pick["niah_single_1"], pick["vt"]])
+
+
+def test_a_scheme_added_later_merges_where_the_runs_agree():
+    from dataclasses import replace
+
+    from kvlib.checks.ruler.run import RulerResult
+
+    r = made_result()
+    part = {k: RulerResult(r.config, r.lengths, {s: v for s, v in r.answers.items() if s in (EXACT, k)},
+                           {s: v for s, v in r.schemes.items() if s in (EXACT, k)}, r.notes)
+            for k in ("int4", "knorm@int4")}
+    both = RulerResult.merge([part["int4"], part["knorm@int4"]])  # the same cells, a scheme each
+    assert list(both.schemes) == list(r.schemes) and both.table() == r.table()
+    answers = dict(part["int4"].answers)
+    answers[EXACT] = [replace(a, answer="b", score=0.0) if a.index == 0 else a for a in answers[EXACT]]
+    with pytest.raises(ValueError, match="exact on niah_single_1 at 1024, sample 0: results 1 and 2 answer differently"):
+        RulerResult.merge([part["knorm@int4"], RulerResult(r.config, r.lengths, answers, part["int4"].schemes)])
+    answers[EXACT] = [a for a in r.answers[EXACT] if a.index != 3]
+    with pytest.raises(ValueError, match="niah_single_1 at 1024: results 1 and 2 hold different samples"):
+        RulerResult.merge([part["knorm@int4"], RulerResult(r.config, r.lengths, answers, part["int4"].schemes)])
 
 
 def test_report_marks_floors_and_draws_both_families():

@@ -109,7 +109,8 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
 
 def attach_ruler(result: CrossModelResult, paths: list[str | os.PathLike]) -> None:
     """Saved RULER runs (``kv-validate --ruler --json``) beside the sweeps of the models they ran on:
-    runs of one model and different lengths or tasks merge; ValueError names a file that matches no model."""
+    runs of one model merge (lengths, tasks or schemes; where they overlap they must agree); ValueError names
+    a file that matches no model."""
     by_model: dict[int, list[RulerResult]] = {}
     for path in paths:
         try:

@@ -216,24 +216,35 @@ class RulerResult:
 
     @classmethod
     def merge(cls, results: list["RulerResult"]) -> "RulerResult":
-        """Runs of different lengths or tasks as one result (a grid run piece by piece): their schemes
-        in order of appearance, each (task, length) cell from the one run that measured it (ValueError
-        otherwise)."""
+        """Runs of different lengths, tasks or schemes as one result (a grid run piece by piece): their
+        schemes in order of appearance. Where runs overlap they must agree: a (task, length) cell in
+        several runs has the same samples and the same exact-cache answers in each (one seed), and an
+        answer two runs both hold is the same answer (ValueError otherwise)."""
         if not results:
             raise ValueError("no RULER results to merge")
         for key in ("model", "seed", "haystack", "presses", "floors"):
             values = {repr(r.config.get(key)) for r in results}
             if len(values) > 1:
                 raise ValueError(f"RULER results of different {key} ({', '.join(sorted(values))}) do not merge")
-        seen: dict[tuple[str, int], int] = {}
+        samples: dict[tuple[str, int], tuple[int, set[int]]] = {}
         for i, r in enumerate(results):
-            for cell in dict.fromkeys((a.task, a.length) for a in r.answers.get(EXACT, [])):
-                if cell in seen:
-                    raise ValueError(f"{cell[0]} at {cell[1]} is in results {seen[cell] + 1} and {i + 1}: merge "
-                                     "runs of different lengths or tasks")
-                seen[cell] = i
+            for t, n in dict.fromkeys((a.task, a.length) for a in r.answers.get(EXACT, [])):
+                got = {a.index for a in r.answers[EXACT] if a.task == t and a.length == n}
+                j, before = samples.setdefault((t, n), (i, got))
+                if got != before:
+                    raise ValueError(f"{t} at {n}: results {j + 1} and {i + 1} hold different samples "
+                                     f"({len(before)} and {len(got)}): cells merge only over the same samples")
         schemes = {k: v for r in results for k, v in r.schemes.items()}
-        answers = {k: [a for r in results for a in r.answers.get(k, [])] for k in schemes}
+        answers: dict[str, list[RulerAnswer]] = {}
+        for k in schemes:
+            kept: dict[tuple[str, int, int], tuple[int, RulerAnswer]] = {}
+            for i, r in enumerate(results):
+                for a in r.answers.get(k, []):
+                    j, first = kept.setdefault((a.task, a.length, a.index), (i, a))
+                    if (first.answer, first.score) != (a.answer, a.score):
+                        raise ValueError(f"{k} on {a.task} at {a.length}, sample {a.index}: results {j + 1} and "
+                                         f"{i + 1} answer differently ({first.answer!r}, {a.answer!r})")
+            answers[k] = [a for _, a in kept.values()]
         config = dict(results[0].config)
         tasks = dict.fromkeys(t for r in results for t in r.config["tasks"])
         config["tasks"] = sorted(tasks, key=lambda t: (list(TASKS).index(t) if t in TASKS else len(TASKS)))
