@@ -301,7 +301,9 @@ func perHeadQuantizer(p perHeadCode) func(x []float32, dst []byte) bool {
 			}
 		} else {
 			for i, v := range x {
-				codes[i] = fp8E4M3.encode(min(max(float32(v*inv), -448), 448))
+				// the kernel clamps to ±448 first; encode saturates there itself (satfinite: a
+				// value past 448, ±Inf, gives ±448's code; a NaN its NaN, as the clamp keeps it)
+				codes[i] = fp8E4M3.encode(float32(v * inv))
 			}
 		}
 		binary.LittleEndian.PutUint32(dst[len(x):], math.Float32bits(scale))
