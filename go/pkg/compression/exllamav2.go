@@ -67,8 +67,9 @@ var exllamaV2 = &engine{
 const exl2Chunk = 64 // a Hadamard chunk: two interleaved groups of 32, two scales
 
 // rn16 rounds to fp16 and back: a value an fp16 register holds. It is
-// safetensors.Float32ToFP16 then FP16ToFloat32 (TestRN16IsTheFP16RoundTrip
-// checks every float32), branch-free on the float32 bits, as the
+// safetensors.Float32ToFP16 then FP16ToFloat32 (the same on all 2^32
+// float32 inputs, checked once; TestRN16IsTheFP16RoundTrip keeps a stride
+// of them), branch-free on the float32 bits, as the
 // engines' fp16 arithmetic emulated step by step calls it many times an
 // element: a normal fp16 keeps 10 mantissa bits (ties to even, a carry
 // moves the exponent); below 2^-14 the fp16 subnormals are the multiples

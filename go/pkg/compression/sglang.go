@@ -98,7 +98,7 @@ func dtypeRounding(dt safetensors.DType) func(float32) float32 {
 	case safetensors.BF16:
 		return func(v float32) float32 { return safetensors.BF16ToFloat32(safetensors.Float32ToBF16(v)) }
 	case safetensors.F16:
-		return func(v float32) float32 { return safetensors.FP16ToFloat32(safetensors.Float32ToFP16(v)) }
+		return rn16 // the fp16 round trip (exllamav2.go)
 	}
 	return func(v float32) float32 { return v }
 }
