@@ -21,13 +21,13 @@ from kvlib.codec.spec import resolve_codec
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.checks.retrieval import RetrievalConfig
 from kvlib.budget.sensitivity import CalibrationConfig
-from kvlib.runs.setup import check_parameters
-from kvlib.scoring.perplexity import MODES
-from kvlib.gates import MIN_CI_UNITS
+from kvlib.runs.setup import RunParams, check_parameters, prepare_run
+from kvlib.scoring.perplexity import MODES, plan_windows
+from kvlib.gates import CONFIRM_WINDOWS, MIN_CI_UNITS
 from kvlib.runs.sweep import engine_mode, engine_schemes, run_sweep, scheme_list, write_json
 from kvlib.runs.transfer import TRANSFER_ENGINE, transfer_schemes
-from kvlib.runs.knobs import (boundary_check, cheapest_setting, format_sensitivity, make_knob,
-                              print_boundary_check, print_search)
+from kvlib.runs.knobs import (boundary_check, cheapest_setting, first_fresh_window, format_sensitivity,
+                              make_knob, print_boundary_check, print_search)
 from kvlib.runs.ruler import print_ruler, run_ruler_suite
 from kvlib.checks.ruler.run import ALL_TASKS, RulerConfig
 from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bits", type=float, default=None, metavar="BITS",
                    help="with --knobs: leave out settings that store more bits per element (a search that has found "
                    "nothing by then stops there; e.g. 8.5, q8_0's cost)")
+    p.add_argument("--confirm-windows", type=int, default=CONFIRM_WINDOWS, metavar="N",
+                   help=f"with --knobs: a robust pass is the answer only if it passes robustly again on N fresh windows "
+                   f"past those the search scored (default {CONFIRM_WINDOWS}; 0: no confirmation)")
     p.add_argument("--boundary-check", action="store_true",
                    help="with --knob-format TURBOQUANT_PRESET: also check the preset's fixed rule (the first and last "
                    "two layers skipped) against the measured ranking of every layer")
@@ -268,12 +271,13 @@ def search_knobs(args: argparse.Namespace) -> int:
     if not args.engine or args.quick_test:
         raise ValueError("--knobs needs --engine (whose knobs) and a model (not --quick-test)")
     calibration = CalibrationConfig.from_string(args.calibration)
+    read: list[tuple[int, int]] = []  # the evaluated corpus's tokens a ranking's calibration read
 
     def measure(spec_for: Any) -> Any:
         return format_sensitivity(spec_for, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
                                   dtype=args.dtype, stride=args.stride, max_windows=args.max_windows,
                                   context_length=args.context_length, results=args.results, fresh=args.fresh,
-                                  calibration=calibration, verbose=not args.quiet)
+                                  calibration=calibration, verbose=not args.quiet, spans=read)
 
     knob = make_knob(args.engine, args.knob_format, measure)  # an unknown engine or format fails here
     if args.boundary_check and not getattr(knob, "boundary", 0):
@@ -281,6 +285,12 @@ def search_knobs(args: argparse.Namespace) -> int:
     if args.max_windows is not None and args.max_windows < MIN_CI_UNITS:
         raise ValueError(f"--knobs stops at the first robust pass, which needs a CI: give --max-windows "
                          f"{MIN_CI_UNITS} or more")
+    if args.confirm_windows and not MIN_CI_UNITS <= args.confirm_windows:
+        raise ValueError(f"--confirm-windows {args.confirm_windows}: a confirmation needs a CI, {MIN_CI_UNITS} windows "
+                         f"or more (0: none)")
+    if args.confirm_windows and args.max_windows is None:
+        raise ValueError("--confirm-windows scores windows past the search's: give the search --max-windows "
+                         "(or --confirm-windows 0)")
     check_parameters(args.threshold, args.stride, args.max_windows, args.context_length)
     if args.json:
         check_output_path(args.json)
@@ -291,18 +301,44 @@ def search_knobs(args: argparse.Namespace) -> int:
                          context_length=args.context_length, peers=False, verbose=False, results=args.results,
                          fresh=args.fresh, ray=args.ray, mode="write")
 
+    start: list[int] = []  # the first fresh window, found once the search's calibration is known
+
+    def confirm(specs: list[str]) -> Any:
+        if not start:
+            start.append(fresh_windows(args, read))
+        return run_sweep(specs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
+                         dtype=args.dtype, threshold=args.threshold, stride=args.stride,
+                         max_windows=args.confirm_windows, first_window=start[0],
+                         context_length=args.context_length, peers=False, verbose=False, results=args.results,
+                         fresh=args.fresh, ray=args.ray, mode="write")
+
     say = (lambda *a, **k: None) if args.quiet else print
     bound = 16.0 if args.max_bits is None else args.max_bits
-    found = cheapest_setting(args.engine, sweep, say=say, knob=knob, max_bits=bound)
+    found = cheapest_setting(args.engine, sweep, say=say, knob=knob, max_bits=bound,
+                             confirm=confirm if args.confirm_windows else None)
     print_search(found)
     out = found.to_dict()
     if args.boundary_check:
-        check = boundary_check(knob, sweep, say=say, searched=found, max_bits=bound)
+        check = boundary_check(knob, sweep, say=say, searched=found, max_bits=bound,
+                               confirm=confirm if args.confirm_windows else None)
         print_boundary_check(check)
         out["boundary_check"] = check.to_dict()
     if args.json:
         write_json(out, args.json)
     return 0 if found.cheapest else 1
+
+
+def fresh_windows(args: argparse.Namespace, read: list[tuple[int, int]]) -> int:
+    """The first of ``--confirm-windows`` fresh windows: past the search's ``--max-windows`` and the
+    tokens its calibration read (``read``); ValueError when the corpus has too few left."""
+    run = prepare_run(RunParams(args.model, args.corpus, "cpu" if args.cpu else None, args.dtype, args.threshold,
+                                args.stride, None, args.context_length, args.results, args.fresh), verbose=False)
+    plan = plan_windows(run.ids.shape[1], run.context_length, args.stride)
+    first = first_fresh_window(plan, args.max_windows, read)
+    if len(plan) - first < args.confirm_windows:
+        raise ValueError(f"--confirm-windows {args.confirm_windows}: {run.text.name} has {len(plan) - first} windows "
+                         f"left past the search's (from window {first} of {len(plan)}); ask for fewer")
+    return first
 
 
 if __name__ == "__main__":

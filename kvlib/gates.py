@@ -27,6 +27,12 @@ CI_METHOD = (f"{CI_LEVEL:.0%} percentile bootstrap over windows ({BOOTSTRAP_SAMP
              f"none with fewer than {MIN_CI_UNITS} such windows (then no result is called robust)")
 
 
+# A search over many settings (an engine's knobs) that stops at the first robust pass picks the first
+# of many noisy intervals to fall under the gate; its answer stands only if it passes robustly again
+# on this many fresh windows (the zoo goals' 21), none of which the search scored.
+CONFIRM_WINDOWS = 21
+
+
 def verdict(delta: float, threshold: float = PPL_DELTA_THRESHOLD) -> bool:
     """The gate: the gated perplexity delta is below the threshold."""
     return delta < threshold

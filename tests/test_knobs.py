@@ -10,7 +10,8 @@ import pytest
 
 from kvlib.codec.spec import resolve_codec
 from kvlib.runs.knobs import (print_search, LlamaCppTypes, MeasuredSkips, VllmSkipLayers, boundary_check, cheapest_setting,
-                              layer_damage, levels, print_boundary_check)
+                              first_fresh_window, layer_damage, levels, print_boundary_check)
+from kvlib.scoring.perplexity import plan_windows
 
 
 def test_llamacpp_settings_are_every_pair_in_order_of_bits():
@@ -58,6 +59,59 @@ def test_search_stops_at_the_first_level_with_a_robust_pass(capsys):
     assert f"passes robustly up to 5 bits/element ({bounded.untried} costlier settings not run)" in capsys.readouterr().out
 
 
+def _verdicts(robust: set[str], delta: dict[str, float] | None = None, first_window: int = 0, windows: int = 8):
+    """A sweep stand-in: the settings in ``robust`` pass robustly, the rest fail; ``ran`` records the calls."""
+    ran: list[list[str]] = []
+
+    def sweep(specs):
+        ran.append(specs)
+        rows = []
+        for spec in specs:
+            d = (delta or {}).get(spec, 0.3 if spec in robust else 0.9)
+            rows.append(SimpleNamespace(name=resolve_codec(spec).name, bits_per_element=4.5, context_delta=d,
+                                        ci_low=d - 0.1, ci_high=d + 0.1 if spec in robust else 0.6, kld_mean=0.01,
+                                        robust=spec in robust, passed=spec in robust or d < 0.5))
+        return SimpleNamespace(mode="write", threshold=0.5, schemes=rows, first_window=first_window, windows=windows)
+    return sweep, ran
+
+
+def test_a_robust_pass_that_fresh_windows_do_not_confirm_is_not_the_answer(capsys):
+    """The search's first robust pass fails on fresh windows: it stays in the rows, marked, and the
+    search goes on to the next robust pass of the same level, then to the next level, confirming each."""
+    q40, q40_iq, iq_q40 = "llama.cpp:q4_0", "k=llama.cpp:q4_0,v=llama.cpp:iq4_nl", "k=llama.cpp:iq4_nl,v=llama.cpp:q4_0"
+    q41_q40 = "k=llama.cpp:q4_1,v=llama.cpp:q4_0"
+    sweep, ran = _verdicts({q40, iq_q40, q41_q40}, {q40: 0.2, iq_q40: 0.3})
+    confirm, confirmed = _verdicts({iq_q40, q41_q40}, first_window=8, windows=21)
+    found = cheapest_setting("llama.cpp", sweep, say=lambda *a: None, confirm=confirm)
+    # q4_0 (the smaller delta) is tried first and fails on fresh windows; iq4_nl/q4_0 holds
+    assert [c[0] for c in confirmed] == [q40, iq_q40] and len(ran) == 1
+    assert found.cheapest["spec"] == iq_q40 and found.cheapest["confirmed"] is True
+    assert [r["confirmed"] for r in found.rows if "confirmed" in r] == [False, True]
+    assert [(c["spec"], c["robust"], c["first_window"], c["windows"]) for c in found.confirmations] == [
+        (q40, False, 8, 21), (iq_q40, True, 8, 21)]
+    print_search(found)
+    out = capsys.readouterr().out
+    assert "pass (robust), not confirmed on fresh windows" in out and "on fresh windows 8-28" in out
+    assert "cheapest that passes robustly, confirmed on fresh windows: -ctk iq4_nl -ctv q4_0" in out
+    # nothing holds at 4.5 bits: the search goes on to the next level, and confirms there
+    confirm, confirmed = _verdicts({q41_q40})
+    found = cheapest_setting("llama.cpp", sweep, say=lambda *a: None, confirm=confirm)
+    assert found.cheapest["spec"] == q41_q40 and len(found.confirmations) == 3
+    # without a confirmation, the first robust pass is the answer, as before
+    assert cheapest_setting("llama.cpp", sweep, say=lambda *a: None).cheapest["spec"] == q40
+
+
+def test_fresh_windows_begin_past_the_search_and_its_calibration():
+    plan = plan_windows(20_000, 2048, 512)
+    assert first_fresh_window(plan, 8) == 8
+    # a calibration read tokens [5120, 9216): windows whose targets touch them are skipped
+    first = first_fresh_window(plan, 8, [(5120, 9216)])
+    w = plan[first]
+    assert w.end - w.num_targets >= 9216 and plan[first - 1].end > 5120
+    with pytest.raises(ValueError, match="no fresh window left to confirm on"):
+        first_fresh_window(plan, 8, [(0, 20_000)])
+
+
 def test_search_names_the_engines_it_knows():
     with pytest.raises(ValueError, match="knob search knows llama.cpp, vllm"):
         cheapest_setting("sglang", lambda specs: None)
@@ -89,15 +143,21 @@ def test_cli_runs_the_search_in_write_mode_and_prints_the_flags(tiny_dir, tmp_pa
     out = tmp_path / "knobs.json"
     argv = ["--model", str(tiny_dir / "model"), "--corpus", str(tiny_dir / "corpus.txt"), "--context-length", "96",
             "--stride", "32", "--max-windows", "6", "--engine", "tiny-engine", "--knobs", "--results", str(tmp_path / "r"),
-            "--threshold", "1e-9", "--json", str(out)]
+            "--threshold", "1e-9", "--confirm-windows", "5", "--json", str(out)]
     assert main(argv) == 0
     d = json.loads(out.read_text())
+    # f16 (exact) passes again on five windows past the search's six
+    assert [(c["first_window"], c["windows"], c["robust"]) for c in d["confirmations"]] == [(6, 5, True)]
     assert d["mode"] == "write" and [r["flags"] for r in d["rows"]] == ["-ctk q4_0 -ctv q4_0", "-ctk f16 -ctv f16"]
     assert not d["rows"][0]["robust"] and d["cheapest"]["flags"] == "-ctk f16 -ctv f16"
     printed = capsys.readouterr().out
-    assert "cheapest that passes robustly: -ctk f16 -ctv f16" in printed and "(gate 1e-09)" in printed
+    assert "cheapest that passes robustly, confirmed on fresh windows: -ctk f16 -ctv f16" in printed
+    assert "(gate 1e-09)" in printed
     assert d["threshold"] == 1e-9
-    assert main(argv[:-6] + ["--max-windows", "3", "--knobs"]) == 2  # no CI below 5 windows: refused up front
+    assert main(argv[:-8] + ["--max-windows", "3", "--knobs"]) == 2  # no CI below 5 windows: refused up front
+    assert main(argv[:-4] + ["--confirm-windows", "4"]) == 2  # nor for a confirmation
+    assert main(argv[:-4] + ["--confirm-windows", "500"]) == 2  # more fresh windows than the corpus has
+    assert "windows left past the search's" in capsys.readouterr().err
 
 
 # vLLM: --kv-cache-dtype X --kv-cache-dtype-skip-layers ...
@@ -313,3 +373,22 @@ def test_cli_names_a_knob_or_format_that_does_not_exist(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1  # one line, before anything loads
+
+
+def test_a_sweep_from_a_later_window_scores_the_same_units(tiny_dir, tmp_path):
+    """``first_window``: the windows from that index on, keyed as a run over all of them keys them, so a
+    confirmation past a search's windows reads what a longer run already scored, and computes only those."""
+    from kvlib.runs.sweep import run_sweep
+
+    kw = dict(model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), context_length=96, stride=32,
+              peers=False, verbose=False, results=tmp_path / "r", mode="write")
+    later = run_sweep(["int4"], max_windows=3, first_window=4, **kw)
+    assert (later.first_window, later.windows, later.timing["units_computed"]) == (4, 3, 3)
+    whole = run_sweep(["int4"], max_windows=7, **kw)
+    assert whole.timing["units_computed"] == 4 and whole.timing["units_reused"] == 3  # windows 4-6 were scored
+    again = run_sweep(["int4"], max_windows=3, first_window=4, **kw)
+    assert again.timing["units_computed"] == 0 and again.scheme("int4").context_delta == later.scheme("int4").context_delta
+    with pytest.raises(ValueError, match="no window from index 500"):
+        run_sweep(["int4"], max_windows=3, first_window=500, **kw)
+    with pytest.raises(ValueError, match="no budget, calibration or decoding checks"):
+        run_sweep(["int4"], max_windows=3, first_window=4, budget=3.0, **kw)

@@ -5,7 +5,10 @@ An engine's knobs are a class in ``KNOBS``: it lists its settings, each a kv-com
 engine's flags and its nominal bits per element. The search validates them in order of bits, a
 level of equal bits at a time (one sweep each, so the results store keeps every unit), and stops at
 the first level where one passes robustly (the CI's upper bound under the gate): the cheapest
-robust setting. Settings past that level are never run.
+robust setting. Settings past that level are never run. A search that picks the first of many noisy
+intervals to fall under the gate favours a lucky one, so a robust pass is the answer only once it
+passes robustly again on fresh windows (``confirm``: windows past every one the search read); one
+that does not is kept as unconfirmed and the search goes on.
 
 llama.cpp (``-ctk``/``-ctv``, llama.cpp 0c1e57098 as vendored by llama-cpp-python 0.3.36:
 ``common/arg.cpp`` takes one cache type for K and one for V, applied to every layer): every
@@ -236,11 +239,14 @@ def make_knob(engine: str, fmt: str | None = None, measure: Callable[..., Any] |
 
 def format_sensitivity(spec_for: Callable[[int], str], *, model: str, corpus_name: str, device: str | None,
                        dtype: str | None, stride: int, max_windows: int | None, context_length: int | None,
-                       results: Any, fresh: bool, calibration: Any, verbose: bool = True) -> Any:
+                       results: Any, fresh: bool, calibration: Any, verbose: bool = True,
+                       spans: list[tuple[int, int]] | None = None) -> Any:
     """The sensitivity pass (``kvlib.budget``) on one format alone, for a knob's ranking: the spec
     ``spec_for(L)`` gives for the model's L layers, priced per (layer, role) slot on the calibration
     windows (``calibration``: a CalibrationConfig, its candidates replaced by that spec; windows, as
-    a write-mode budget takes them, never overlapping the evaluated ones). A results-store unit."""
+    a write-mode budget takes them, never overlapping the evaluated ones). A results-store unit.
+    ``spans`` gets the token spans the calibration read of the evaluated corpus (none from another
+    corpus): what a confirmation's fresh windows must not score."""
     import dataclasses
     import tempfile
 
@@ -252,6 +258,8 @@ def format_sensitivity(spec_for: Callable[[int], str], *, model: str, corpus_nam
     span = max(run.context_length, cfg.targets + 1)
     cal = calibration_tokens(cfg, run.text, run.ids, run.tokenizer, span, stride, max_windows,
                              evaluated_length=run.context_length)
+    if spans is not None and cal.ids is run.ids:
+        spans.extend((start, start + span) for start in cal.starts)
     with tempfile.TemporaryDirectory(prefix="kvlib-knobs-") as tmp:
         sens, _ = sensitivity_table(run.load, cfg, cal, span, tmp, run.name, run.store, run.identity, run.say,
                                     codecs=[codec])
@@ -271,6 +279,9 @@ class KnobSearch:
     past: int = 0  # settings costlier than the answer's level that ran in its sweep (their rows are kept)
     threshold: float = PPL_DELTA_THRESHOLD  # the gate the sweeps judged by
     max_bits: float = 16.0  # the search's bound: costlier settings are not run
+    # each robust pass re-validated on fresh windows, in order (rows with the windows scored); empty
+    # when the search ran without confirmation
+    confirmations: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -294,11 +305,26 @@ def _row(st: Setting, r: Any) -> dict[str, Any]:
     return row
 
 
+def _confirmation(row: dict[str, Any], confirm: Callable[[list[str]], Any], say: Callable[..., None]) -> dict[str, Any]:
+    """A robust pass re-validated by ``confirm`` (a sweep over fresh windows): its row there."""
+    result = confirm([row["spec"]])
+    r = {s.name: s for s in result.schemes}[resolve_codec(row["spec"]).name]
+    out = {"flags": row["flags"], "spec": row["spec"], "first_window": result.first_window,
+           "windows": result.windows, "context_delta": r.context_delta, "ci_low": r.ci_low,
+           "ci_high": r.ci_high, "kld_mean": r.kld_mean, "robust": r.robust, "passed": r.passed}
+    say(f"  confirming {row['flags']} on {result.windows} fresh windows (from window {result.first_window}): "
+        f"delta {r.context_delta:+.4f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], {_verdict(out)}")
+    return out
+
+
 def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callable[..., None] = print,
-                     max_bits: float = 16.0, knob: Any = None) -> KnobSearch:
+                     max_bits: float = 16.0, knob: Any = None,
+                     confirm: Callable[[list[str]], Any] | None = None) -> KnobSearch:
     """Validate the settings of ``engine``'s knob (``knob``, default ``KNOBS[engine]()``) fewest bits
     first with ``sweep`` (a list of specs -> a SweepResult in write mode), ``per_sweep`` levels of
-    equal bits a sweep (the knob's; one by default), until one passes robustly."""
+    equal bits a sweep (the knob's; one by default), until one passes robustly: with ``confirm`` (the
+    same on fresh windows), robustly there too; a level's robust passes are confirmed fewest bits,
+    then smallest delta, first."""
     knob = make_knob(engine) if knob is None else knob
     name = engine
     every = knob.settings()
@@ -324,11 +350,17 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
             say(f"  {r['flags']}: {r['bits_per_element']:.3f} bits, delta {r['context_delta']:+.4f} "
                 f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}], {_verdict(r)}")
         at = 0
-        for j, g in enumerate(batch):
-            ok = [row for row in rows[at:at + len(g)] if row["robust"]]
+        for g in batch:
+            ok = sorted((row for row in rows[at:at + len(g)] if row["robust"]),
+                        key=lambda row: (row["bits_per_element"], row["context_delta"]))
             at += len(g)
-            if ok:
-                found.cheapest = min(ok, key=lambda row: (row["bits_per_element"], row["context_delta"]))
+            for row in ok:
+                if confirm is not None:
+                    found.confirmations.append(_confirmation(row, confirm, say))
+                    row["confirmed"] = found.confirmations[-1]["robust"]
+                    if not row["confirmed"]:
+                        continue
+                found.cheapest = row
                 found.past = len(ran) - at
                 found.untried += sum(len(g) for g in groups[i + len(batch):])
                 return found
@@ -336,7 +368,22 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
 
 
 def _verdict(r: dict[str, Any]) -> str:
-    return "pass (robust)" if r["robust"] else "pass" if r["passed"] else "FAIL"
+    v = "pass (robust)" if r["robust"] else "pass" if r["passed"] else "FAIL"
+    if r.get("confirmed") is False:
+        v += ", not confirmed on fresh windows"
+    return v
+
+
+def first_fresh_window(windows: Sequence[Any], searched: int, spans: Sequence[tuple[int, int]] = ()) -> int:
+    """The index of the first window (of the corpus's plan ``windows``) past the ``searched`` windows
+    a search scored whose scored tokens lie outside every token span in ``spans`` (what its
+    calibration read of the same corpus): where its confirmation's fresh windows begin."""
+    for w in windows[searched:]:
+        first_target = w.end - w.num_targets
+        if not any(first_target < hi and lo < w.end for lo, hi in spans):
+            return w.index
+    raise ValueError(f"no fresh window left to confirm on: the corpus has {len(windows)} windows, the search "
+                     f"read {searched} and its calibration the tokens " + ", ".join(f"[{a}, {b})" for a, b in spans))
 
 
 def print_search(s: KnobSearch) -> None:
@@ -346,13 +393,18 @@ def print_search(s: KnobSearch) -> None:
     for r in s.rows:
         print(f"    {r['flags']:{width}s} {r['bits_per_element']:6.3f} bits  delta {r['context_delta']:+.4f} "
               f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]  {_verdict(r)}")
+    for c in s.confirmations:
+        print(f"    {c['flags']:{width}s} on fresh windows {c['first_window']}-{c['first_window'] + c['windows'] - 1}: "
+              f"delta {c['context_delta']:+.4f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]  {_verdict(c)}")
     if s.cheapest is None:
         bound = f" up to {s.max_bits:g} bits/element ({s.untried} costlier settings not run)" if s.untried else ""
-        print(f"  no setting of {s.engine}'s passes robustly{bound}")
+        held = " and holds on fresh windows" if s.confirmations else ""
+        print(f"  no setting of {s.engine}'s passes robustly{held}{bound}")
     else:
         past = f", {s.past} costlier ran in its sweep" if s.past else ""
-        print(f"  cheapest that passes robustly: {s.cheapest['flags']} ({s.cheapest['bits_per_element']:.3f} bits/element; "
-              f"{s.untried} costlier settings not run{past})")
+        held = ", confirmed on fresh windows" if s.confirmations else ""
+        print(f"  cheapest that passes robustly{held}: {s.cheapest['flags']} ({s.cheapest['bits_per_element']:.3f} "
+              f"bits/element; {s.untried} costlier settings not run{past})")
 
 
 @dataclass
@@ -378,15 +430,17 @@ class BoundaryCheck:
 
 
 def boundary_check(knob: VllmSkipLayers, sweep: Callable[[list[str]], Any], say: Callable[..., None] = print,
-                   searched: KnobSearch | None = None, max_bits: float = 16.0) -> BoundaryCheck:
+                   searched: KnobSearch | None = None, max_bits: float = 16.0,
+                   confirm: Callable[[list[str]], Any] | None = None) -> BoundaryCheck:
     """Check ``knob``'s fixed rule against the measurement: rank every layer, validate "skip the k most
     damaging" over every layer fewest first (``MeasuredSkips``, the same search), and the rule's own
-    setting (read from ``searched``, ``knob``'s own search, when it ran it; else one more sweep)."""
+    setting (read from ``searched``, ``knob``'s own search, when it ran it; else one more sweep);
+    ``confirm``: the search's robust passes confirmed on fresh windows, as ``cheapest_setting`` does."""
     if not knob.boundary:
         raise ValueError(f"vllm format {knob.format!r} has no fixed rule (only TurboQuant presets skip layers of their own)")
     measured = MeasuredSkips(knob)
     rule, ranking = knob.rule(), measured.ranking()
-    search = cheapest_setting(knob.engine, sweep, say, knob=measured, max_bits=max_bits)
+    search = cheapest_setting(knob.engine, sweep, say, knob=measured, max_bits=max_bits, confirm=confirm)
     rows = search.rows + (searched.rows if searched is not None else [])
     rule_row = next((r for r in rows if r.get("skipped") == rule), None)
     if rule_row is None:

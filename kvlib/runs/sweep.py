@@ -130,6 +130,7 @@ class SweepResult:
     engines: dict[str, Any] = field(default_factory=dict)  # kvlib.runs.engines.engine_tables: per engine's menu
     context_tokens: int = 0  # tokens of the compressed contexts over the windows (prefix mode; write mode: the windows' contexts)
     transfer: dict[str, Any] = field(default_factory=dict)  # kvlib.runs.transfer.transfer_table, when asked
+    first_window: int = 0  # the index of the first window scored (a confirmation scores windows past a search's)
 
     def scheme(self, name: str) -> SchemeResult:
         for s in self.schemes:
@@ -255,7 +256,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
                   peers: bool = False, max_windows: int | None = None, progress: bool = False,
                   store: ResultsStore | None = None, identity: RunIdentity | None = None,
                   executor: Any = None, job: ScoringJob | None = None, mode: str = "prefix",
-                  architecture: str | None = None,
+                  architecture: str | None = None, first_window: int = 0,
                   ) -> tuple[list[SchemeResult], PerplexityResult, dict[str, float]]:
     """Score every codec (and the peers) over the same windows; the shared core
     of run_sweep and run_full_validation. Returns the scheme results, the first
@@ -265,7 +266,9 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     With ``store`` and ``identity``, finished units are read from the store and new ones
     written to it as each window finishes; ``executor`` (default in-process; needs ``job``)
     computes the missing ones. The merged result does not depend on which did what.
-    ``mode`` (kvlib.scoring.perplexity.MODES) enters every unit's key and every result."""
+    ``mode`` (kvlib.scoring.perplexity.MODES) enters every unit's key and every result.
+    ``first_window``: score the ``max_windows`` windows from that index on (the same units as a run
+    over all of them holds for those windows)."""
     missing_peer = peers_unavailable() if peers else None
     peer_list = peer_transforms() if peers else []
     # name -> (kind, spec as shown, spec as keyed): what each transform computes, before any is built
@@ -289,8 +292,12 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
         return made["ts"]
 
     t0 = time.perf_counter()
-    plan = ScoringPlan(identity or _anonymous(max_length, stride), plan_windows(ids.shape[1], max_length, stride,
-                                                                                  max_windows),
+    last = None if max_windows is None else first_window + max_windows
+    windows = plan_windows(ids.shape[1], max_length, stride, last)[first_window:]
+    if not windows:
+        raise ValueError(f"the corpus has no window from index {first_window} on "
+                         f"({len(plan_windows(ids.shape[1], max_length, stride))} windows in all)")
+    plan = ScoringPlan(identity or _anonymous(max_length, stride), windows,
                        {name: key if mode == "prefix" else f"{mode}: {key}" for name, (_, _, key) in described.items()})
     done, missing = plan.lookup(store if identity is not None else None)
 
@@ -300,7 +307,7 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
 
     if executor is None:
         executor = SerialExecutor(load, transforms, progress)
-    executor.run(job or _job_for(codecs, peers, max_length, stride, max_windows, model_name, mode=mode), ids, missing,
+    executor.run(job or _job_for(codecs, peers, max_length, stride, last, model_name, mode=mode), ids, missing,
                  on_window)
     res = plan.merge(done, time.perf_counter() - t0)
     out = []
@@ -352,6 +359,7 @@ def run_sweep(
     mode: str = "prefix",
     calibrate_scales: bool = False,
     transfer: bool = False,
+    first_window: int = 0,
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
@@ -376,9 +384,17 @@ def run_sweep(
     (kvlib.budget.scales), named ``SCHEME@calibrated``, beside its scale 1.
 
     ``transfer``: also the transfer view of the schemes (kvlib.runs.transfer: bytes on the wire
-    per context token against quality; prefix mode)."""
+    per context token against quality; prefix mode).
+
+    ``first_window``: score ``max_windows`` windows from that index on, not from the first (fresh
+    windows to confirm what a search chose on the first ones; no budget or decoding checks then)."""
     t_start = time.perf_counter()
     check_mode(mode)
+    if first_window < 0:
+        raise ValueError(f"first_window {first_window} must be >= 0")
+    if first_window and (budget or sensitivity or calibrate_scales or checks.retrieval or checks.agreement):
+        raise ValueError("first_window scores later windows of the schemes alone: no budget, calibration "
+                         "or decoding checks (their windows are planned from the first)")
     resolved = [resolve_codec(c) for c in (codecs or default_schemes())]  # bad specs fail first
     if transfer and mode != "prefix":
         raise ValueError("the transfer view is of a finished prefix's cache sent elsewhere: prefix mode, not write")
@@ -405,7 +421,7 @@ def run_sweep(
         mixes.update({c.name: alias for alias, c in twins.items()})
     lazy = run.lazy()  # the decoding checks load it only for a unit not stored
     checks.check_inputs(lazy, run.tokenizer, run.ids.shape[1], run.text.name)
-    executor, job = executor_for(run, resolved, peers, ray, mode)
+    executor, job = executor_for(run, resolved, peers, ray, mode, first_window)
     names = ", ".join(mixes.get(c.name, c.name) for c in resolved) + (
         " + the transformers QuantizedCache peer" if peers else "")
     run.say(f"Scoring {names} on {run.text.name} ({run.ids.shape[1]} tokens, window {run.context_length}, "
@@ -417,7 +433,7 @@ def run_sweep(
         schemes, first, timing = score_schemes(
             run.load, run.ids, run.context_length, stride, resolved, workdir or tmp, run.name, threshold, peers,
             max_windows, progress, store=run.store, identity=run.identity, executor=executor, job=job, mode=mode,
-            architecture=getattr(run.config, "model_type", None))
+            architecture=getattr(run.config, "model_type", None), first_window=first_window)
         seconds = time.perf_counter() - t0 - (0.0 if loaded_before else run.model_load_s)
         run.say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, resolved, checks, workdir or tmp,
@@ -446,6 +462,7 @@ def run_sweep(
         budget=planned.to_dict() if planned else {},
         engines=engine_tables(schemes, mode),
         context_tokens=sum(w.context_tokens for w in first.windows if w.compressed),
+        first_window=first_window,
     )
     if transfer:
         result.transfer = transfer_table(schemes, result.context_tokens)
@@ -481,16 +498,17 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"mode {mode!r}: choose one of {', '.join(MODES)}")
 
 
-def executor_for(run: RunSetup, codecs: list[CodecConfig], peers: bool, ray: bool | str, mode: str = "prefix"
-                 ) -> tuple[Any, ScoringJob | None]:
+def executor_for(run: RunSetup, codecs: list[CodecConfig], peers: bool, ray: bool | str, mode: str = "prefix",
+                 first_window: int = 0) -> tuple[Any, ScoringJob | None]:
     """Where the missing units run: in process (None), or on Ray when ``ray`` (True or an address),
-    RAY_ADDRESS or KVLIB_RAY=1 asks for it."""
+    RAY_ADDRESS or KVLIB_RAY=1 asks for it (its workers plan the windows up to the last scored)."""
     if not (ray or os.environ.get("RAY_ADDRESS") or flag("KVLIB_RAY")):
         return None, None
     p = run.params
     return RayExecutor(address=ray if isinstance(ray, str) else None), _job_for(
-        codecs, peers, run.context_length, p.stride, p.max_windows, run.name, p.model, run.device, run.dtype_name,
-        mode)
+        codecs, peers, run.context_length, p.stride,
+        None if p.max_windows is None else first_window + p.max_windows, run.name, p.model, run.device,
+        run.dtype_name, mode)
 
 
 def renamed(d: Any, names: dict[str, str]) -> Any:
