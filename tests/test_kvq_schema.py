@@ -52,6 +52,8 @@ GRAMMAR = [
     ("lmcache:cachegen", 12, "F32"),
     ("k=lmcache:cachegen,v=lmcache:fp8", 2, "BF16"),
     ("lmcache:kivi", 2, "F16"),
+    ("int4,k1h1=lm2rot,v0h0=q8_0", 2, "F32"),  # head overrides: version 3, records with of and head
+    ("kivi2,kv0h1=sym8/g64/rot+wire", 2, "BF16"),
 ]
 
 

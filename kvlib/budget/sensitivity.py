@@ -282,8 +282,8 @@ def resolve_candidates(names: tuple[str, ...]) -> list[CodecConfig]:
     bytes are what that stage stores for it (its tables included), the budget one of bytes sent."""
     out = [resolve_codec(n) for n in names]
     for c in out:
-        if c.layers:
-            raise ValueError(f"candidate {c.name}: a candidate is one scheme per role (no per-layer overrides)")
+        if c.layers or c.heads:
+            raise ValueError(f"candidate {c.name}: a candidate is one scheme per role (no per-layer or per-head overrides)")
     if len({c.entropy_suffix for c in out}) > 1:
         raise ValueError("the candidates carry different entropy stages (" + ", ".join(c.name for c in out)
                          + "): give all of them the same one, or none")

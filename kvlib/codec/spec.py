@@ -90,6 +90,17 @@ class LayerScheme:
 
 
 @dataclass(frozen=True)
+class HeadScheme:
+    """One KV head's override in a slot (``k3h1=SCHEME``): kv-compress stores that tensor a head at a
+    time, this head under ``scheme``, the others under the slot's own."""
+
+    layer: int
+    role: str
+    head: int
+    scheme: Scheme
+
+
+@dataclass(frozen=True)
 class CodecConfig:
     """A scheme per role: keys (``layer_{i}_key``) and values (every other tensor), and per-layer
     overrides (canonical: keys before values, by layer, none equal to its role's default)."""
@@ -99,6 +110,7 @@ class CodecConfig:
     lossless: bool = False  # the entropy stage after the quantizer: smaller files, same reconstruction
     layers: tuple[LayerScheme, ...] = ()
     wire: bool = False  # the wire stage instead: context-coded codes, fewer bytes still, same reconstruction
+    heads: tuple[HeadScheme, ...] = ()  # head overrides (canonical: keys first, by head then layer)
 
     @property
     def entropy_suffix(self) -> str:
@@ -109,14 +121,15 @@ class CodecConfig:
     def spec(self) -> str:
         """The canonical spec: ``resolve_codec(c.spec) == c``."""
         s = self.key.spec if self.key == self.value else f"k={self.key.spec},v={self.value.spec}"
-        return s + _layers_spec(self.layers) + self.entropy_suffix
+        return s + _layers_spec(self.layers) + _heads_spec(self.heads) + self.entropy_suffix
 
     def for_layer(self, layer: int) -> "CodecConfig":
-        """The codec of layer ``layer`` alone, its slots' schemes as the defaults (write mode sends one
-        layer at a time, which a per-layer override of another layer would not name)."""
-        if not self.layers:
+        """The codec of layer ``layer`` alone, its slots' schemes as the defaults and its head overrides
+        (write mode sends one layer at a time, which an override of another layer would not name)."""
+        if not self.layers and not self.heads:
             return self
-        return replace(self, key=self.scheme_for(layer, "key"), value=self.scheme_for(layer, "value"), layers=())
+        return replace(self, key=self.scheme_for(layer, "key"), value=self.scheme_for(layer, "value"), layers=(),
+                       heads=tuple(h for h in self.heads if h.layer == layer))
 
     def scheme_for(self, layer: int, role: str) -> Scheme:
         """The scheme of ``layer_{layer}_{role}``: its override, else the role's default."""
@@ -140,14 +153,16 @@ class CodecConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "name": self.name, "key": asdict(self.key), "value": asdict(self.value),
-                "lossless": self.lossless, "wire": self.wire, "layers": [asdict(o) for o in self.layers]}
+                "lossless": self.lossless, "wire": self.wire, "layers": [asdict(o) for o in self.layers],
+                "heads": [asdict(o) for o in self.heads]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "CodecConfig":
         """From the CLI's ``check`` output (key_scheme / value_scheme objects, layers)."""
         layers = tuple(LayerScheme(o["layer"], o["role"], Scheme(**o["scheme"])) for o in d.get("layers") or ())
+        heads = tuple(HeadScheme(o["layer"], o["role"], o["head"], Scheme(**o["scheme"])) for o in d.get("heads") or ())
         return cls(key=Scheme(**d["key_scheme"]), value=Scheme(**d["value_scheme"]), lossless=bool(d.get("lossless")),
-                   layers=layers, wire=bool(d.get("wire")))
+                   layers=layers, wire=bool(d.get("wire")), heads=heads)
 
 
 def _layers_spec(layers: tuple[LayerScheme, ...]) -> str:
@@ -165,7 +180,23 @@ def _layers_spec(layers: tuple[LayerScheme, ...]) -> str:
     return out
 
 
-_LAYER_PART = re.compile(r"^(k|v|kv)[0-9][0-9-]*=")  # a per-layer override of the spec before it: k3=, kv0-5=
+def _heads_spec(heads: tuple[HeadScheme, ...]) -> str:
+    """The head overrides' part of the canonical spec (Go's Spec.layersString): runs of consecutive
+    layers of one role, head and scheme as "k3-5h1=SCHEME"."""
+    out, i = "", 0
+    while i < len(heads):
+        o, j = heads[i], i + 1
+        while (j < len(heads) and heads[j].role == o.role and heads[j].head == o.head
+               and heads[j].layer == heads[j - 1].layer + 1 and heads[j].scheme == o.scheme):
+            j += 1
+        span = f"{o.layer}" if j - i == 1 else f"{o.layer}-{heads[j - 1].layer}"
+        out += f",{o.role[0]}{span}h{o.head}={o.scheme.spec}"
+        i = j
+    return out
+
+
+# a per-layer or per-head override of the spec before it: k3=, kv0-5=, k3h1=
+_LAYER_PART = re.compile(r"^(k|v|kv)[0-9][0-9-]*(h[0-9]+)?=")
 
 
 def split_schemes(text: str) -> list[str]:

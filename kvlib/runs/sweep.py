@@ -560,7 +560,7 @@ def check_engine_modes(codecs: list[CodecConfig], mode: str) -> None:
         return
     prefix_only = {row["engine"] for row in engine_menu("all") if row["mode"] == "prefix"}
     for c in codecs:
-        methods = {c.key.method, c.value.method, *(o.scheme.method for o in c.layers)}
+        methods = {c.key.method, c.value.method, *(o.scheme.method for o in (*c.layers, *c.heads))}
         bad = sorted(m for m in methods if m.partition(":")[0] in prefix_only)
         if bad:
             raise ValueError(f"{c.name}: {bad[0]} is a serde of a stored prefix (its engine stores a finished "

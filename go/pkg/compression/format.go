@@ -55,6 +55,10 @@ type TensorInfo struct {
 	// 31 levels, 16: 15), as the engine decided it for this cache; 0 for
 	// every other scheme.
 	Bins int `json:"bins,omitempty"`
+	// Of names the source tensor this is one head of, Head which head
+	// (heads.go; both absent for a whole tensor).
+	Of   string `json:"of,omitempty"`
+	Head int    `json:"head,omitempty"`
 }
 
 // NumElements is the product of the shape.
@@ -66,6 +70,9 @@ type Header struct {
 	Spec    string // the spec the file was made with, canonical
 	Tensors []TensorInfo
 	Source  map[string]string // the source file's own metadata
+	// joined lists the source tensors and what holds each (heads.go),
+	// checked when the file is read.
+	joined []joined
 }
 
 // IsCompressed reports whether f carries the kvq format marker.
@@ -81,10 +88,21 @@ func (h *Header) metadata() map[string]string {
 	}
 	infos, _ := json.Marshal(h.Tensors)
 	m[metaFormat] = FormatName
-	m[metaVersion] = strconv.Itoa(FormatVersion)
+	m[metaVersion] = strconv.Itoa(h.writeVersion())
 	m[metaSpec] = h.Spec
 	m[metaTensors] = string(infos)
 	return m
+}
+
+// writeVersion is the version a file with this header is written as: the
+// current one, or HeadsFormatVersion when it holds head parts.
+func (h *Header) writeVersion() int {
+	for _, ti := range h.Tensors {
+		if ti.Of != "" {
+			return HeadsFormatVersion
+		}
+	}
+	return FormatVersion
 }
 
 // ReadHeader parses the metadata of a compressed file and checks every
@@ -100,6 +118,9 @@ func ReadHeader(f *safetensors.File) (*Header, error) {
 func readFile(f *safetensors.File, workers int) (*Header, []*stored, error) {
 	h, err := parseHeader(f)
 	if err != nil {
+		return nil, nil, err
+	}
+	if h.joined, err = joinPlan(h); err != nil { // head parts, before their bytes are read
 		return nil, nil, err
 	}
 	view := f
@@ -172,13 +193,14 @@ func parseHeader(f *safetensors.File) (*Header, error) {
 		if err := h.readV1(md); err != nil {
 			return nil, err
 		}
-	case strconv.Itoa(FormatVersion):
-		h.Version, h.Spec = FormatVersion, md[metaSpec]
+	case strconv.Itoa(FormatVersion), strconv.Itoa(HeadsFormatVersion):
+		h.Version, _ = strconv.Atoi(md[metaVersion])
+		h.Spec = md[metaSpec]
 		if err := json.Unmarshal([]byte(md[metaTensors]), &h.Tensors); err != nil {
 			return nil, fmt.Errorf("metadata %q: %v", metaTensors, err)
 		}
 	default:
-		return nil, fmt.Errorf("unsupported kvq version %q (this build reads 1 and %d)", md[metaVersion], FormatVersion)
+		return nil, fmt.Errorf("unsupported kvq version %q (this build reads 1, %d and %d)", md[metaVersion], FormatVersion, HeadsFormatVersion)
 	}
 	for k, v := range md {
 		if !strings.HasPrefix(k, metaPrefix) {

@@ -102,7 +102,8 @@ func FuzzCompress(f *testing.F) {
 // to the decoder: it may refuse them, but never panic or allocate beyond
 // what the file's own data supports.
 func FuzzDecompress(f *testing.F) {
-	for _, name := range []string{"int4", "kivi2", "q5_1", "rot4", "int4+lossless", "kivi4+lossless"} {
+	for _, name := range []string{"int4", "kivi2", "q5_1", "rot4", "int4+lossless", "kivi4+lossless",
+		"int4,k0h1=lm2rot", "kivi2,v0h0=q8_0+wire"} {
 		spec, _ := ParseSpec(name)
 		for _, extra := range []string{"", "/out0.1/res2"} {
 			if extra != "" {
@@ -141,6 +142,10 @@ func FuzzHeader(f *testing.F) {
 	}
 	base := res.Compressed
 	f.Add(base.Metadata[metaTensors], "2")
+	heads, _ := ParseSpec("int4,k0h1=lm2rot")
+	if parts, err := Compress(randomCache(12, 1, 2, 6, 32), Config{Spec: heads}); err == nil {
+		f.Add(parts.Compressed.Metadata[metaTensors], "3")
+	}
 	f.Add(`[{"name":"layer_0_key","dtype":"F32","shape":[1,2,6,32],"scheme":{"method":"asym","bits":3,"group":8,"axis":"channel","rotate":false,"outliers":0.05,"residual":2,"sparsity":0},"outliers":9}]`, "2")
 	f.Add(`[{"name":"layer_0_value","dtype":"F16","shape":[1,2,1000000000,0],"scheme":{"method":"q4_1","bits":4,"group":32,"axis":"token"},"outliers":0}]`, "1")
 	f.Fuzz(func(t *testing.T, tensors, version string) {

@@ -72,20 +72,20 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 	}
 	spec := cfg.Spec.withEngineSkips(names) // the layers the engine keeps unquantized, as none
 	workers := cfg.workers()
-	jobs := make([]*tensorJob, len(src.Tensors))
+	units, err := splitUnits(src, spec) // a tensor with a head override: one unit per head (heads.go)
+	if err != nil {
+		return nil, err
+	}
+	jobs := make([]*tensorJob, len(units))
 	var tasks []task
 	shapes := make([][]int, len(src.Tensors))
 	for i := range src.Tensors {
 		shapes[i] = src.Tensors[i].Shape
 	}
 	hd := cacheHeadDims(names, shapes)
-	for i := range src.Tensors {
-		t := &src.Tensors[i]
-		if !t.DType.IsFloat() {
-			return nil, tensorErrorf(t.Name, "dtype %s is not F32, F16 or BF16", t.DType)
-		}
-		sc := spec.For(t.Name)
-		rot, err := engineRotation(sc, roleOf(t.Name), t.Shape, hd)
+	for i := range units {
+		t, sc := &units[i].t, units[i].scheme
+		rot, err := engineRotation(sc, roleOf(units[i].name()), t.Shape, hd)
 		if err != nil {
 			return nil, &TensorError{Tensor: t.Name, Err: err}
 		}
@@ -103,7 +103,7 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 			tasks = append(tasks, task{i, c})
 		}
 	}
-	err := forEach(len(jobs), workers, func(_, i int) error { return jobs[i].prepare() })
+	err = forEach(len(jobs), workers, func(_, i int) error { return jobs[i].prepare() })
 	if err != nil {
 		return nil, err
 	}
@@ -137,48 +137,57 @@ func compress(src *safetensors.File, cfg Config, restore bool) (*Result, error) 
 		stored[i] = j.stored()
 	}
 	final, coded, wired := stored, make([][]string, len(jobs)), make([][]string, len(jobs))
+	unitNames := make([]string, len(jobs))
+	for i, j := range jobs {
+		unitNames[i] = j.name
+	}
 	if cfg.Spec.Wire {
 		layouts := make([]*layout, len(jobs))
 		for i, j := range jobs {
 			layouts[i] = j.l
 		}
-		if final, wired, coded, err = wireStored(names, layouts, stored, workers); err != nil {
+		if final, wired, coded, err = wireStored(unitNames, layouts, stored, workers); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.Spec.Lossless {
-		if final, coded, err = deflateStored(names, stored, workers); err != nil {
+		if final, coded, err = deflateStored(unitNames, stored, workers); err != nil {
 			return nil, err
 		}
 	}
 	var total Accumulator
-	for i, j := range jobs {
-		heads := j.heads()
+	for _, g := range unitGroups(units) {
 		var acc Accumulator
-		if heads != nil {
-			for h := range heads {
-				acc.Merge(&heads[h])
+		var heads []Accumulator
+		var enc []safetensors.Tensor
+		parts := make([]*tensorJob, len(g))
+		for k, i := range g {
+			j := jobs[i]
+			parts[k] = j
+			a, hs := j.sums()
+			acc.Merge(&a)
+			heads = append(heads, hs...)
+			hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s,
+				Outliers: len(j.out.index), Lossless: coded[i], Wire: wired[i], Rotation: j.l.rotSizeRecorded(), Bins: j.bins,
+				Of: units[i].of, Head: units[i].head})
+			enc = append(enc, final[i]...)
+			out.Tensors = append(out.Tensors, final[i]...)
+			rep.countStored(j.name, final[i])
+			for _, t := range stored[i] {
+				rep.sizeWithoutLossless += int64(len(t.Data))
 			}
-		} else {
-			for _, a := range j.accs {
-				for _, ha := range a {
-					acc.Merge(&ha.acc)
-				}
-			}
+			rep.SourceSizeBytes += int64(len(j.src))
 		}
 		total.Merge(&acc)
-		hdr.Tensors = append(hdr.Tensors, TensorInfo{Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s,
-			Outliers: len(j.out.index), Lossless: coded[i], Wire: wired[i], Rotation: j.l.rotSizeRecorded(), Bins: j.bins})
-		enc := final[i]
-		out.Tensors = append(out.Tensors, enc...)
+		whole := joinedTensor(units[g[0]].name(), parts)
 		if restore {
-			restored.Tensors = append(restored.Tensors, safetensors.Tensor{Name: j.name, DType: j.dtype, Shape: j.shape, Data: j.restored})
+			restored.Tensors = append(restored.Tensors, whole)
 		}
-		rep.addTensor(j, &acc, heads, enc, cfg.Thresholds)
-		for _, t := range stored[i] {
-			rep.sizeWithoutLossless += int64(len(t.Data))
+		facts := parts[0].facts()
+		if len(parts) > 1 || units[g[0]].of != "" {
+			facts = joinedFacts(whole, parts, joinedScheme(units, g))
 		}
-		rep.SourceSizeBytes += int64(len(j.src))
+		rep.addTensor(facts, &acc, heads, enc, cfg.Thresholds)
 	}
 	out.Metadata = hdr.metadata()
 	rep.finish(&total, cfg.Thresholds)
@@ -544,6 +553,24 @@ func (j *tensorJob) measureChunk(c int, x, y []float32) {
 	j.accs[c] = accs
 }
 
+// sums is the tensor's sums and its per-head ones (nil without a head axis).
+func (j *tensorJob) sums() (Accumulator, []Accumulator) {
+	heads := j.heads()
+	var acc Accumulator
+	if heads != nil {
+		for h := range heads {
+			acc.Merge(&heads[h])
+		}
+		return acc, heads
+	}
+	for _, a := range j.accs {
+		for _, ha := range a {
+			acc.Merge(&ha.acc)
+		}
+	}
+	return acc, nil
+}
+
 // heads merges the chunks' sums per head, in chunk order, so the floating
 // point sums do not depend on how goroutines were scheduled. Nil when the
 // tensor has no head axis.
@@ -708,8 +735,12 @@ func Decompress(src *safetensors.File, workers int) (*safetensors.File, *Header,
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, j := range jobs {
-		out.Tensors = append(out.Tensors, safetensors.Tensor{Name: j.name, DType: j.dtype, Shape: j.shape, Data: j.restored})
+	for _, p := range hdr.joined {
+		parts := make([]*tensorJob, len(p.infos))
+		for k, i := range p.infos {
+			parts[k] = jobs[i]
+		}
+		out.Tensors = append(out.Tensors, joinedTensor(p.name, parts))
 	}
 	return out, hdr, nil
 }

@@ -194,16 +194,57 @@ func partName(tensor, name string) string {
 	return "outliers"
 }
 
-func (r *Report) addTensor(j *tensorJob, acc *Accumulator, heads []Accumulator, stored []safetensors.Tensor, th Thresholds) {
+// tensorFacts is what a tensor's report row says of it besides its sums:
+// one job's, or a tensor stored a head at a time, its parts' together.
+type tensorFacts struct {
+	name      string
+	dtype     safetensors.DType
+	shape     []int
+	scheme    string
+	outliers  int
+	rotation  *RotationInfo
+	nonFinite int
+	saturated int64
+	bins      int
+}
+
+func (j *tensorJob) facts() tensorFacts {
+	f := tensorFacts{name: j.name, dtype: j.dtype, shape: j.shape, scheme: j.l.s.String(), outliers: len(j.out.index),
+		rotation: j.rotation, saturated: j.saturated.Load(), bins: j.bins}
+	for _, n := range j.nonFinite {
+		f.nonFinite += n
+	}
+	return f
+}
+
+// joinedFacts are the facts of a tensor stored as the head parts parts.
+func joinedFacts(whole safetensors.Tensor, parts []*tensorJob, scheme string) tensorFacts {
+	f := tensorFacts{name: whole.Name, dtype: whole.DType, shape: whole.Shape, scheme: scheme}
+	for _, p := range parts {
+		pf := p.facts()
+		f.outliers += pf.outliers
+		f.nonFinite += pf.nonFinite
+		f.saturated += pf.saturated
+	}
+	return f
+}
+
+// countStored adds a stored unit's parts to StoredBytes by kind.
+func (r *Report) countStored(unit string, stored []safetensors.Tensor) {
+	for _, t := range stored {
+		r.StoredBytes[partName(unit, t.Name)] += int64(len(t.Data))
+	}
+}
+
+func (r *Report) addTensor(j tensorFacts, acc *Accumulator, heads []Accumulator, stored []safetensors.Tensor, th Thresholds) {
 	var size int64
 	for _, t := range stored {
 		size += int64(len(t.Data))
-		r.StoredBytes[partName(j.name, t.Name)] += int64(len(t.Data))
 	}
 	r.CompressedSizeBytes += size
 	tr := TensorReport{
-		Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.l.s.String(), NumElements: acc.N,
-		CompressedSizeBytes: size, Outliers: len(j.out.index),
+		Name: j.name, DType: j.dtype, Shape: j.shape, Scheme: j.scheme, NumElements: acc.N,
+		CompressedSizeBytes: size, Outliers: j.outliers,
 		Quality:        qualityOf(acc),
 		Passed:         len(th.Violations(acc)) == 0,
 		ErrorHistogram: append([]int64(nil), acc.Hist[:]...),
@@ -216,11 +257,7 @@ func (r *Report) addTensor(j *tensorJob, acc *Accumulator, heads []Accumulator, 
 	if j.rotation != nil {
 		tr.Rotation, tr.RotationSize = j.rotation.Why, j.rotation.Size
 	}
-	for _, n := range j.nonFinite {
-		tr.NonFinite += n
-	}
-	tr.Saturated = j.saturated.Load()
-	tr.Bins = j.bins
+	tr.NonFinite, tr.Saturated, tr.Bins = j.nonFinite, j.saturated, j.bins
 	for h := range heads {
 		tr.HeadSums = append(tr.HeadSums, sumsOf(&heads[h]))
 		tr.HeadRMSE = append(tr.HeadRMSE, Float(heads[h].RMSE()))
@@ -296,10 +333,12 @@ type SchemeInfo struct {
 	KeyScheme   Scheme     `json:"key_scheme"`
 	ValueScheme Scheme     `json:"value_scheme"`
 	Layers      []Override `json:"layers"` // the per-layer overrides, canonical
-	Lossless    bool       `json:"lossless"`
-	Wire        bool       `json:"wire"`
-	KeyBits     float64    `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
-	ValueBits   float64    `json:"value_bits_per_element"` // (measured sizes come from compress)
+	// Heads are the head overrides, canonical (absent when none).
+	Heads     []HeadOverride `json:"heads,omitempty"`
+	Lossless  bool           `json:"lossless"`
+	Wire      bool           `json:"wire"`
+	KeyBits   float64        `json:"key_bits_per_element"`   // nominal, for a long 4-D cache
+	ValueBits float64        `json:"value_bits_per_element"` // (measured sizes come from compress)
 }
 
 // NominalHeadDim is the head_dim nominal sizes assume where a format's
@@ -335,7 +374,7 @@ func SchemeReport(cmd string, s Spec) SchemeInfo {
 	if layers == nil {
 		layers = []Override{}
 	}
-	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value, Layers: layers, Lossless: s.Lossless, Wire: s.Wire,
+	return SchemeInfo{Command: cmd, Name: s.Name(), Scheme: s.String(), KeyScheme: s.Key, ValueScheme: s.Value, Layers: layers, Heads: s.Heads, Lossless: s.Lossless, Wire: s.Wire,
 		KeyBits: s.Key.NominalBits(), ValueBits: s.Value.NominalBits()}
 }
 

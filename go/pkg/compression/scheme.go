@@ -130,6 +130,9 @@ type Spec struct {
 	Key    Scheme     `json:"key"`
 	Value  Scheme     `json:"value"`
 	Layers []Override `json:"layers,omitempty"` // canonical: keys then values, by layer, none equal to its default
+	// Heads are head overrides (layers.go): canonical, keys then values, by
+	// head then layer, none equal to its slot's scheme.
+	Heads []HeadOverride `json:"heads,omitempty"`
 	// Lossless adds the entropy stage after the quantizer (lossless.go):
 	// smaller files, the same reconstruction.
 	Lossless bool `json:"lossless,omitempty"`
@@ -424,11 +427,12 @@ func parseRoles(text string) (Spec, error) {
 			}
 		case ok && k != "k" && k != "v" && seen["k"] && seen["v"]:
 			seen["layers"] = true
-			o, err := parseOverride(strings.TrimSpace(k), strings.TrimSpace(v))
+			o, h, err := parseOverride(strings.TrimSpace(k), strings.TrimSpace(v))
 			if err != nil {
 				return Spec{}, err
 			}
 			s.Layers = append(s.Layers, o...)
+			s.Heads = append(s.Heads, h...)
 		case ok && (k == "k" || k == "v" || overrideRE.MatchString(k)):
 			return Spec{}, fmt.Errorf("part %q: the defaults (k= and v=, once each, or one scheme) come before the layers", part)
 		default:

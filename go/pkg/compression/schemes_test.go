@@ -274,7 +274,7 @@ func TestParseSpecJSONDefaults(t *testing.T) {
 // A JSON spec's mistakes are one-line errors naming the field by its path.
 func TestParseSpecJSONErrors(t *testing.T) {
 	cases := []struct{ spec, want string }{
-		{`{"kee": {}}`, `unknown field "kee" (want key, value, layers, lossless, wire)`},
+		{`{"kee": {}}`, `unknown field "kee" (want key, value, layers, heads, lossless, wire)`},
 		{`{"key": {"bitz": 4}}`, `unknown field "key.bitz" (want method, bits, group, axis, rotate, outliers, residual, sparsity, scale)`},
 		{`{"key": {"Method": "sym"}}`, `unknown field "key.Method"`},
 		{`{"layers": [{"layer": 0, "role": "key", "scheme": {}, "x": 1}]}`, `unknown field "layers[0].x" (want layer, role, scheme)`},

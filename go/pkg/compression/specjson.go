@@ -21,7 +21,8 @@ import (
 // format's own width, block and rotation), axis token, no rotation,
 // outliers, residual or sparsity. So {"key": {"method": "asym",
 // "axis": "channel"}} is k=asym4/g64/channel,v=sym4/g64. An override needs
-// its layer, role and scheme. Names match exactly; an unknown field, or a
+// its layer, role and scheme, a head override ("heads": [{"layer": N,
+// "role": "key", "head": H, "scheme": SCHEME}]) its head too. Names match exactly; an unknown field, or a
 // value of the wrong type, is an error naming the field by its path
 // ("key.bits", "layers[0].scheme.axis").
 
@@ -34,9 +35,9 @@ func parseJSONSpec(text string) (Spec, error) {
 	def := DefaultSpec()
 	s := Spec{Key: def.Key, Value: def.Value}
 	var key, value json.RawMessage
-	var layers []json.RawMessage
+	var layers, heads []json.RawMessage
 	given, err := decodeObject(raw, "", []jsonField{
-		{"key", &key}, {"value", &value}, {"layers", &layers}, {"lossless", &s.Lossless}, {"wire", &s.Wire},
+		{"key", &key}, {"value", &value}, {"layers", &layers}, {"heads", &heads}, {"lossless", &s.Lossless}, {"wire", &s.Wire},
 	})
 	if err != nil {
 		return Spec{}, err
@@ -57,6 +58,13 @@ func parseJSONSpec(text string) (Spec, error) {
 			return Spec{}, err
 		}
 		s.Layers = append(s.Layers, o)
+	}
+	for i, item := range heads {
+		o, err := decodeHeadOverride(item, fmt.Sprintf("heads[%d]", i))
+		if err != nil {
+			return Spec{}, err
+		}
+		s.Heads = append(s.Heads, o)
 	}
 	return s, nil
 }
@@ -123,6 +131,24 @@ func decodeOverride(raw json.RawMessage, path string) (Override, error) {
 	for _, name := range []string{"layer", "role", "scheme"} {
 		if !given[name] {
 			return Override{}, fmt.Errorf("field %q is required", path+"."+name)
+		}
+	}
+	o.Scheme, err = decodeScheme(scheme, path+".scheme")
+	return o, err
+}
+
+// decodeHeadOverride reads one element of "heads": layer, role, head and
+// scheme, all four required.
+func decodeHeadOverride(raw json.RawMessage, path string) (HeadOverride, error) {
+	var o HeadOverride
+	var scheme json.RawMessage
+	given, err := decodeObject(raw, path, []jsonField{{"layer", &o.Layer}, {"role", &o.Role}, {"head", &o.Head}, {"scheme", &scheme}})
+	if err != nil {
+		return HeadOverride{}, err
+	}
+	for _, name := range []string{"layer", "role", "head", "scheme"} {
+		if !given[name] {
+			return HeadOverride{}, fmt.Errorf("field %q is required", path+"."+name)
 		}
 	}
 	o.Scheme, err = decodeScheme(scheme, path+".scheme")
