@@ -363,3 +363,43 @@ def test_per_head_estimate_never_costs_more_than_the_slot_plan():
     assert per_head_estimate(s, three, 12.0, scale=1)[1] < per_head_estimate(s, three, 12.0, scale=1)[0]
     with pytest.raises(ValueError, match="below the cheapest"):
         per_head_estimate(s, three, 1.0)
+
+
+def test_a_per_head_allocation_prices_each_head_and_its_spec_stores_it(tiny_llama, calibrated, tmp_path):
+    """``heads=on``: every KV head of every slot priced alone under every candidate (the slot table
+    unchanged), a candidate allotted per head within the budget, and the spec's head overrides
+    reconstruct each head as its candidate does."""
+    windows, codecs, ts, sens = calibrated
+    with torch.no_grad():
+        per = measure_sensitivity(tiny_llama, windows[:1], codecs, ts, "random ids", measure="fast", heads=True)
+    nh = cache_layers(windows[0].context)[0][0].shape[1]
+    assert len(per.head_kl) == 22 and nh > 1
+    assert all(len(per.head_kl[la][r]) == nh and len(per.head_kl[la][r][h]) == 3 and min(per.head_kl[la][r][h]) >= 0
+               for la in range(22) for r in range(2) for h in range(nh))
+    w = windows[0]  # one head's cost is the KL with that head alone replaced, as the pricer measures it
+    exact = cache_layers(w.context)
+    k = exact[5][0].clone()
+    k[:, 1] = cache_layers(ts[codecs[0].name](w.context)[0])[5][0][:, 1]
+    pricer = FastPricer()
+    with torch.no_grad():
+        pricer.prepare(tiny_llama, w)
+        alone = pricer.price(tiny_llama, w, exact, 5, [(k, exact[5][1])])[0]
+    assert per.head_kl[5][0][1][0] == pytest.approx(alone, rel=1e-4, abs=1e-9)
+    assert Sensitivity.from_dict(per.to_dict()) == per
+    a = allocate(per, 3.25)
+    assert 2.25 < a.bits <= 3.25 and len(a.head_choice) == 22 and "h" in a.spec.split(",", 2)[-1]
+    mix = resolve_codec(a.spec)
+    assert mix.heads  # some heads differ from their slot
+    tsm, _ = cache_transforms([mix], tmp_path, "tiny")
+    w = windows[1]
+    mixed, metrics = tsm[mix.name](w.context)
+    recon = {c.name: cache_layers(ts[c.name](w.context)[0]) for c in codecs}
+    for layer in range(22):
+        for r in range(2):
+            for h, c in enumerate(a.head_choice[layer][r]):
+                assert torch.equal(cache_layers(mixed)[layer][r][:, h], recon[codecs[c].name][layer][r][:, h])
+    assert 8 * metrics.compressed_size_bytes / metrics.num_elements == pytest.approx(a.bits, rel=1e-3)
+    with pytest.raises(ValueError, match="below the cheapest"):
+        allocate(per, 2.0)
+    assert CalibrationConfig.from_string("heads=on").heads and not CalibrationConfig.from_string("heads=off").heads
+    assert CalibrationConfig.from_string(CalibrationConfig(heads=True).to_string()).heads

@@ -91,7 +91,7 @@ def sensitivity_key(identity: RunIdentity, cal: Calibration, cfg: CalibrationCon
             "tokenizer": identity.tokenizer, "code": identity.code, "versions": identity.versions,
             "unit": "sensitivity", "tokens": ids_digest(cal.ids), "starts": cal.starts, "length": length,
             "context": context, "targets": cfg.targets, "candidates": [c.spec for c in codecs],
-            "measure": cfg.measure}
+            "measure": cfg.measure, **({"heads": True} if cfg.heads else {})}
 
 
 @dataclass
@@ -142,7 +142,7 @@ class _Planning:
         tick = (lambda done, total: (setattr(bar, "total", total), bar.update(done - bar.n))) if bar is not None else None
         with torch.no_grad():
             sens = measure_sensitivity(self.load(), self.calibration_windows(), codecs, ts, self.cal.description, tick,
-                                       self.cfg.measure)
+                                       self.cfg.measure, self.cfg.heads)
         if bar is not None:
             bar.close()
         head = f", the LM head on {sens.head_tokens} tokens" if sens.measure == "fast" else ""

@@ -162,10 +162,28 @@ def _variants(exact: list[KV], recon: dict[str, tuple[list, dict[str, int]]], co
     return ([(recon[c.name][0][layer][0], v) for c in codecs] + [(k, recon[c.name][0][layer][1]) for c in codecs])
 
 
+def _head_variants(exact: list[KV], recon: dict[str, tuple[list, dict[str, int]]], codecs: list[CodecConfig],
+                   layer: int) -> list[KV]:
+    """The layer's (key, value) with one KV head of one role replaced by one candidate's reconstruction
+    of it: per role, per head, per candidate."""
+    k, v = exact[layer]
+    out = []
+    for r, x in enumerate((k, v)):
+        for h in range(x.shape[1]):
+            for c in codecs:
+                y = x.clone()
+                y[:, h] = recon[c.name][0][layer][r][:, h]
+                out.append((y, v) if r == 0 else (k, y))
+    return out
+
+
 def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: list[CodecConfig],
                         transforms: dict[str, Any], calibration: str,
-                        progress: Callable[[int, int], None] | None = None, measure: str = "full") -> Sensitivity:
-    """Every slot's mean KL under every candidate on ``windows``, by ``measure`` (module docstring)."""
+                        progress: Callable[[int, int], None] | None = None, measure: str = "full",
+                        heads: bool = False) -> Sensitivity:
+    """Every slot's mean KL under every candidate on ``windows``, by ``measure`` (module docstring);
+    with ``heads``, also every KV head's alone (``head_kl``: one head of one slot replaced), for an
+    allocation per head."""
     t0 = time.perf_counter()
     pricer = PRICERS[measure]()
     nl = len(windows[0].context.layers)
@@ -173,6 +191,9 @@ def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: li
     kl = [[[0.0] * nc for _ in ROLES] for _ in range(nl)]
     nbytes = [[[0] * nc for _ in ROLES] for _ in range(nl)]
     elements = [[0, 0] for _ in range(nl)]
+    nh = [int(k.shape[1]) for k, _ in cache_layers(windows[0].context)]
+    heads = heads and max(nh) > 1  # one KV head a layer: a head's choice is its slot's
+    head_kl = [[[[0.0] * nc for _ in range(nh[layer])] for _ in ROLES] for layer in range(nl)] if heads else []
     done, run, total = 0, 0, nl * len(windows)
     for w in windows:
         exact = cache_layers(w.context)
@@ -185,6 +206,11 @@ def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: li
                 for c, codec in enumerate(codecs):
                     kl[layer][r][c] += costs[r * nc + c] / len(windows)
                     nbytes[layer][r][c] += recon[codec.name][1][f"layer_{layer}_{role}"]
+            if heads:
+                costs = pricer.price(model, w, exact, layer, _head_variants(exact, recon, codecs, layer))
+                for i, cost in enumerate(costs):
+                    r, rest = divmod(i, nh[layer] * nc)
+                    head_kl[layer][r][rest // nc][rest % nc] += cost / len(windows)
             run += (nl - (layer if w.layer_outputs else 0)) * len(ROLES) * nc
             done += 1
             if progress is not None:
@@ -196,4 +222,4 @@ def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: li
                        targets=sum(w.logp.shape[0] for w in windows), seconds=time.perf_counter() - t0,
                        forwards=pricer.forwards, layers_run=run / max(variants * nl, 1), measure=measure,
                        context_tokens=layout_of(windows[0].context).seen, head_tokens=pricer.vocab,
-                       head_tail=getattr(pricer, "tail", 0.0))
+                       head_tail=getattr(pricer, "tail", 0.0), head_kl=head_kl)

@@ -40,7 +40,7 @@ DEFAULT_CANDIDATES = ("lm2rot", "k=asym2/g128/channel,v=asym2/g128", "rot3", "k=
 # vocabulary; "fast" runs one batched forward per layer (every candidate of its keys and values at
 # once) and prices the LM head on the exact run's top tokens only (kvlib.budget.batched).
 MEASURES = ("fast", "full")
-_FIELDS = ("corpus", "windows", "targets", "candidates", "measure")
+_FIELDS = ("corpus", "windows", "targets", "candidates", "measure", "heads")
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,11 @@ class CalibrationConfig:
     targets: int = 128
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     measure: str = "fast"
+    heads: bool = False  # also price each KV head alone, and allot a candidate per head (kvlib.budget.allocate)
 
     def to_string(self) -> str:
         return (f"corpus={self.corpus};windows={self.windows};targets={self.targets};"
-                f"candidates={'|'.join(self.candidates)};measure={self.measure}")
+                f"candidates={'|'.join(self.candidates)};measure={self.measure}" + (";heads=on" if self.heads else ""))
 
     @classmethod
     def from_string(cls, s: str) -> "CalibrationConfig":
@@ -68,12 +69,17 @@ class CalibrationConfig:
         for part in filter(None, (p.strip() for p in s.split(";"))):
             k, sep, v = part.partition("=")
             if not sep or k not in _FIELDS:
-                raise ValueError(f"calibration setting {part!r}: want corpus=, windows=, targets=, candidates= or measure=")
+                raise ValueError(f"calibration setting {part!r}: want corpus=, windows=, targets=, candidates=, measure= "
+                                 f"or heads=")
             if k in ("windows", "targets"):
                 try:
                     kw[k] = int(v)
                 except ValueError:
                     raise ValueError(f"calibration setting {part!r}: not an integer") from None
+            elif k == "heads":
+                if v not in ("on", "off"):
+                    raise ValueError(f"calibration setting {part!r}: heads=on or heads=off")
+                kw[k] = v == "on"
             else:
                 kw[k] = split_candidates(v) if k == "candidates" else v
         c = cls(**kw)
@@ -114,6 +120,8 @@ class Sensitivity:
     context_tokens: int = 0  # tokens each calibration context held: the evaluated windows' layout
     head_tokens: int = 0  # tokens of the vocabulary the LM head scored per target (the fast measure's top tokens)
     head_tail: float = 0.0  # the exact probability outside them, mean over targets
+    # head_kl[layer][role][head][candidate]: the cost of one KV head of the slot alone (empty unless asked)
+    head_kl: list[list[list[list[float]]]] = field(default_factory=list)
 
     @property
     def num_layers(self) -> int:

@@ -67,9 +67,11 @@ def plot_allocation(result: SweepResult | dict[str, Any]) -> Figure | None:
     x = np.arange(nl)
     for ax, m in zip(axes[:, 0], mixes):
         for r, (off, color) in enumerate(((-0.2, "#1f77b4"), (0.2, "#ff7f0e"))):
-            picks = [m["choice"][la][r] for la in range(nl)]
-            ax.bar(x + off, [bits[la, r, c] for la, c in enumerate(picks)], width=0.4, color=color,
-                   label=ROLE_NAMES[r])
+            if m.get("head_choice"):  # per head: the slot's bits are its heads' mean
+                heights = [float(np.mean([bits[la, r, c] for c in m["head_choice"][la][r]])) for la in range(nl)]
+            else:
+                heights = [bits[la, r, m["choice"][la][r]] for la in range(nl)]
+            ax.bar(x + off, heights, width=0.4, color=color, label=ROLE_NAMES[r])
         ax.axhline(m["budget"], color="#cf222e", lw=1, ls="--", label=f"budget {m['budget']:g}")
         ax.set_ylabel("bits / element")
         ax.set_xticks(x[:: max(1, nl // 30)])
