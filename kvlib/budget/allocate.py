@@ -10,7 +10,9 @@ With per-head costs (``Sensitivity.head_kl``, ``--calibration 'heads=on'``) the 
 heads of every slot, each priced alone, each storing its slot's bytes over its heads (kv-compress
 stores such a slot a head at a time: ``k3h1=SCHEME``); the same knapsack, its sizes rounded up to
 ``HEAD_UNITS`` units of the budget so that it stays small, and so the choice never stores more
-than the budget.
+than the budget. A head is priced with the candidate's reconstruction of the whole tensor, which is
+what its part stores except for a candidate with outliers or sparsity (a part selects its fraction
+of the head): the validated mix is what kv-compress stores either way.
 """
 
 from __future__ import annotations

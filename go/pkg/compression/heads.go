@@ -12,9 +12,11 @@ import (
 // (layers.go) is stored a head at a time: head h is a part named NAME.h<h>,
 // shape [1, 1, tokens, head_dim], compressed as a tensor of its own under
 // its head's scheme, its TensorInfo naming the whole (Of) and the head.
-// Every part of kvlib's schemes is the same code the whole tensor would
-// have had under that scheme, since a group, a rotation and a channel run
-// never cross a head (layout.go). Decompress and the report join the parts
+// A part's codes are the ones the whole tensor would have had under that
+// scheme for that head, since a group, a rotation and a channel run never
+// cross a head (layout.go), except where a scheme selects a fraction of a
+// tensor (outliers, /out; sparsity, /sp): a part selects its fraction of
+// the head. Decompress and the report join the parts
 // back into the tensor. A file with parts is version HeadsFormatVersion:
 // an older reader refuses it rather than return the parts as tensors.
 
