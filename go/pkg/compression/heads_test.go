@@ -21,19 +21,7 @@ func TestHeadOverridesParse(t *testing.T) {
 		{"int4,k0h1=q8_0,k0h1=int8", "sym4/g64,k0h1=sym8/g64"}, // a later part wins
 		{"kivi2,v5h0=lm2rot+wire", "k=asym2/g32/channel,v=asym2/g32,v5h0=lm2/g64/rot+wire"},
 	}
-	for _, tc := range cases {
-		s, err := ParseSpec(tc.in)
-		if err != nil || s.String() != tc.want {
-			t.Errorf("ParseSpec(%q) = %q, %v; want %q", tc.in, s, err, tc.want)
-			continue
-		}
-		back, err := ParseSpec(s.String())
-		js, _ := json.Marshal(s)
-		fromJSON, err2 := ParseSpec(string(js))
-		if err != nil || err2 != nil || !back.Equal(s) || !fromJSON.Equal(s) {
-			t.Errorf("%q does not round trip: %v %v %s", tc.in, err, err2, js)
-		}
-	}
+	checkCanonical(t, cases)
 	for _, tc := range []struct{ in, want string }{
 		{"int4,k0h1=llama.cpp:q4_0", "llama.cpp:q4_0 is an engine's format"},
 		{"llama.cpp:q4_0,k0h1=int4", "llama.cpp:q4_0 is an engine's format"},

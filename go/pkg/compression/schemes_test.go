@@ -336,6 +336,20 @@ func TestLayerOverrides(t *testing.T) {
 		{"k=int4,v=q8_0,v7=int4+lossless", "k=sym4/g64,v=q8_0,v7=sym4/g64+lossless"},
 		{"int4, k1 = kivi4", "sym4/g64,k1=asym4/g64/channel"},
 	}
+	checkCanonical(t, cases)
+	s, _ := ParseSpec("lm3rot,k0-1=q8_0,v0=lm4rot")
+	for name, want := range map[string]string{"layer_0_key": "q8_0", "layer_1_key": "q8_0", "layer_2_key": "lm3/g64/rot",
+		"layer_0_value": "lm4/g64/rot", "layer_1_value": "lm3/g64/rot", "other": "lm3/g64/rot", "layer_0_keys": "lm3/g64/rot"} {
+		if got := s.For(name).String(); got != want {
+			t.Errorf("For(%q) = %s, want %s", name, got, want)
+		}
+	}
+}
+
+// checkCanonical checks that each spec parses to its canonical string,
+// which parses back to it, as does its JSON form.
+func checkCanonical(t *testing.T, cases []struct{ in, want string }) {
+	t.Helper()
 	for _, tc := range cases {
 		s, err := ParseSpec(tc.in)
 		if err != nil || s.String() != tc.want {
@@ -347,13 +361,6 @@ func TestLayerOverrides(t *testing.T) {
 		fromJSON, err2 := ParseSpec(string(js))
 		if err != nil || err2 != nil || !back.Equal(s) || !fromJSON.Equal(s) {
 			t.Errorf("%q does not round trip: %v %v %s", tc.in, err, err2, js)
-		}
-	}
-	s, _ := ParseSpec("lm3rot,k0-1=q8_0,v0=lm4rot")
-	for name, want := range map[string]string{"layer_0_key": "q8_0", "layer_1_key": "q8_0", "layer_2_key": "lm3/g64/rot",
-		"layer_0_value": "lm4/g64/rot", "layer_1_value": "lm3/g64/rot", "other": "lm3/g64/rot", "layer_0_keys": "lm3/g64/rot"} {
-		if got := s.For(name).String(); got != want {
-			t.Errorf("For(%q) = %s, want %s", name, got, want)
 		}
 	}
 }
