@@ -73,7 +73,7 @@ def plot_allocation(result: SweepResult | dict[str, Any]) -> Figure | None:
                 heights = [bits[la, r, m["choice"][la][r]] for la in range(nl)]
             ax.bar(x + off, heights, width=0.4, color=color, label=ROLE_NAMES[r])
         ax.axhline(m["budget"], color="#cf222e", lw=1, ls="--", label=f"budget {m['budget']:g}")
-        ax.set_ylabel("bits / element")
+        ax.set_ylabel("bits / element" + (" (heads' mean)" if m.get("head_choice") else ""))
         ax.set_xticks(x[:: max(1, nl // 30)])
         ax.set_title(f"{MIX_PREFIX}{m['budget']:g}: {m['bits']:.3f} bits/element stored; KL predicted "
                      f"{m['predicted_kl']:.4f}, measured {m['measured_kl']:.4f}", fontsize=10)
