@@ -178,7 +178,39 @@ def wire_speed(cache_file: Path, runs: int) -> None:
         (em, ex), (dm, dx) = r["encode"], r["decode"]
         print(f"  {name:11s} {r.get('bpe', float('nan')):7.3f}   {em:9.0f} ({ex:6.4f})       {dm:9.0f} ({dx:6.4f})")
     print("  (MB/s of the restored cache as BF16; the stage alone, 2 goroutines; x memcopy: the same run's memcopy of\n"
-          "   those bytes, one goroutine, the ratio that holds on a loaded machine)\n")
+          "   those bytes, one goroutine, the ratio that holds on a loaded machine)")
+    print(f"  plot: {plot_wire(rows)}\n")
+
+
+WIRE_PLOT = REPO / "reports" / "bench-wire.png"
+WIRE_DECODE_GOAL_MB_S = 1000.0  # issue 32: decode at least 1 GB/s of restored cache; encode at least half
+
+
+def plot_wire(rows: dict[str, dict]) -> Path:
+    """Bytes and speed on one plot: each scheme+wire's bits per element against its decode and encode
+    MB/s (the goals as lines), written to reports/bench-wire.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    for name, r in rows.items():
+        x = r.get("bpe", float("nan"))
+        ax.scatter([x], [r["decode"][0]], color="#1f77b4", label="decode" if name == next(iter(rows)) else None)
+        ax.scatter([x], [r["encode"][0]], color="#ff7f0e", marker="s", label="encode" if name == next(iter(rows)) else None)
+        ax.annotate(name + "+wire", (x, r["decode"][0]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.axhline(WIRE_DECODE_GOAL_MB_S, color="#1f77b4", ls="--", lw=1, label="decode goal (1 GB/s)")
+    ax.axhline(WIRE_DECODE_GOAL_MB_S / 2, color="#ff7f0e", ls=":", lw=1, label="encode goal (half)")
+    ax.set_xlabel("bits per element stored (everything counted)")
+    ax.set_ylabel("MB/s of restored BF16 cache (2 goroutines)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("The wire stage: bytes against speed (make bench)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    WIRE_PLOT.parent.mkdir(exist_ok=True)
+    fig.savefig(WIRE_PLOT, dpi=100)
+    plt.close(fig)
+    return WIRE_PLOT
 
 
 def lossless_table(cli: str, src: Path, tmp: Path, runs: int, memcopy: float) -> None:
@@ -215,9 +247,9 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--go-runs", type=int, default=20)
     ap.add_argument("--sweep-windows", type=int, default=3)
-    ap.add_argument("--only", choices=["server", "store", "budget", "write", "engines"],
+    ap.add_argument("--only", choices=["server", "store", "budget", "write", "engines", "wire"],
                     help="run one section alone (server: the codec server's; store: the results store and Ray; "
-                    "budget: the sensitivity pass)")
+                    "budget: the sensitivity pass; wire: the wire stage's speed, and its plot)")
     args = ap.parse_args()
     torch.manual_seed(0)
     cli = find_cli_binary()
@@ -238,6 +270,12 @@ def main() -> None:
         return
     if args.only == "write":
         write_costs(model, ids, args.sweep_windows)
+        return
+    if args.only == "wire":
+        with tempfile.TemporaryDirectory(prefix="kvlib-bench-wire-") as tmp:
+            src = Path(tmp) / "kv2048.safetensors"
+            save_kv_cache(make_cache(cache_layers(kv)), src, model_name="SmolLM2-135M")
+            wire_speed(src, max(3, args.go_runs // 4))
         return
     if args.only == "engines":
         with tempfile.TemporaryDirectory(prefix="kvlib-bench-engines-") as tmp:
