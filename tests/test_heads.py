@@ -55,3 +55,30 @@ def test_a_head_takes_its_schemes_reconstruction(tmp_path, cli, mode):
         assert names == ["layer_0_key", "layer_0_value", "layer_1_key", "layer_1_value"]
         row = m.tensors[2]
         assert row["scheme"] == "h0=sym4/g64|h1=sym4/g64|h2=q8_0" and len(row["head_sums"]) == 3
+
+
+def test_a_boundary_layer_the_spec_overrides_keeps_its_head_overrides_in_write_mode(tmp_path, cli):
+    """vLLM keeps a TurboQuant cache's first and last layers exact; a slot there that the spec overrides
+    keeps the user's scheme, head overrides included, as kv-compress stores the whole cache; a slot the
+    engine keeps exact is exact whole."""
+    spec = "k=vllm:turboquant_k8,v=int4,k0=int4,k0h1=int8,v0h1=int8"
+    codecs = [resolve_codec(s) for s in (spec, "int4", "int8")]
+    ts, _ = cache_transforms(codecs, tmp_path, "t", mode="write", architecture="llama")
+    for t in ts.values():
+        if hasattr(t, "set_num_layers"):
+            t.set_num_layers(6)
+    g = torch.Generator().manual_seed(1)
+    k, v = torch.randn(1, 3, 24, 64, generator=g), torch.randn(1, 3, 24, 64, generator=g)
+    mk, mv, _ = ts[codecs[0].name].roundtrip_layer(0, k, v)
+    ik, _, _ = ts["int4"].roundtrip_layer(0, k, v)
+    ek, _, _ = ts["int8"].roundtrip_layer(0, k, v)
+    assert torch.equal(mk[:, 0], ik[:, 0]) and torch.equal(mk[:, 1], ek[:, 1]) and torch.equal(mk[:, 2], ik[:, 2])
+    assert torch.equal(mv, v)  # the values' slot is the engine's to keep exact: its head override goes with it
+
+
+def test_heads_on_refuses_an_engines_format_up_front():
+    from kvlib.budget.sensitivity import CalibrationConfig
+
+    with pytest.raises(ValueError, match="heads=on allots a scheme per KV head"):
+        CalibrationConfig.from_string("candidates=lm2rot|llama.cpp:q8_0;heads=on")
+    assert CalibrationConfig.from_string("candidates=lm2rot|llama.cpp:q8_0").candidates[1] == "llama.cpp:q8_0"

@@ -10,7 +10,9 @@ With per-head costs (``Sensitivity.head_kl``, ``--calibration 'heads=on'``) the 
 heads of every slot, each priced alone, each storing its slot's bytes over its heads (kv-compress
 stores such a slot a head at a time: ``k3h1=SCHEME``); the same knapsack, its sizes rounded up to
 ``HEAD_UNITS`` units of the budget so that it stays small, and so the choice never stores more
-than the budget. A head is priced with the candidate's reconstruction of the whole tensor, which is
+than the budget where a head part stores its share of the slot exactly (a fixed-rate code; with
+an entropy stage each part codes with its own tables, and the stored bits, which the validation
+prints beside the asked ones, may exceed the plan's). A head is priced with the candidate's reconstruction of the whole tensor, which is
 what its part stores except for a candidate with outliers or sparsity (a part selects its fraction
 of the head): the validated mix is what kv-compress stores either way.
 """
@@ -131,6 +133,8 @@ def allocate(s: Sensitivity, budget: float) -> Allocation:
 
 def _allocate_heads(s: Sensitivity, budget: float) -> Allocation:
     """The least predicted KL under ``budget`` with one candidate per KV head (module docstring)."""
+    if not budget > 0:
+        raise ValueError(f"budget {budget} bits/element: want a positive number")
     items = [(layer, r, h) for layer, r in _slots(s) for h in range(len(s.head_kl[layer][r]))]
     elements = sum(s.elements[layer][r] for layer, r in _slots(s))
     allowed = budget * elements / 8  # bytes

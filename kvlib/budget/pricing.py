@@ -191,9 +191,9 @@ def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: li
     kl = [[[0.0] * nc for _ in ROLES] for _ in range(nl)]
     nbytes = [[[0] * nc for _ in ROLES] for _ in range(nl)]
     elements = [[0, 0] for _ in range(nl)]
-    nh = [int(k.shape[1]) for k, _ in cache_layers(windows[0].context)]
-    heads = heads and max(nh) > 1  # one KV head a layer: a head's choice is its slot's
-    head_kl = [[[[0.0] * nc for _ in range(nh[layer])] for _ in ROLES] for layer in range(nl)] if heads else []
+    nh = [[int(k.shape[1]), int(v.shape[1])] for k, v in cache_layers(windows[0].context)]  # per layer and role
+    heads = heads and max(max(n) for n in nh) > 1  # one KV head a layer: a head's choice is its slot's
+    head_kl = [[[[0.0] * nc for _ in range(nh[layer][r])] for r in range(len(ROLES))] for layer in range(nl)] if heads else []
     done, run, total = 0, 0, nl * len(windows)
     for w in windows:
         exact = cache_layers(w.context)
@@ -207,10 +207,11 @@ def measure_sensitivity(model: Any, windows: list[CalibrationWindow], codecs: li
                     kl[layer][r][c] += costs[r * nc + c] / len(windows)
                     nbytes[layer][r][c] += recon[codec.name][1][f"layer_{layer}_{role}"]
             if heads:
-                costs = pricer.price(model, w, exact, layer, _head_variants(exact, recon, codecs, layer))
-                for i, cost in enumerate(costs):
-                    r, rest = divmod(i, nh[layer] * nc)
-                    head_kl[layer][r][rest // nc][rest % nc] += cost / len(windows)
+                costs = iter(pricer.price(model, w, exact, layer, _head_variants(exact, recon, codecs, layer)))
+                for r in range(len(ROLES)):  # the variants' order: role, head, candidate
+                    for h in range(nh[layer][r]):
+                        for c in range(nc):
+                            head_kl[layer][r][h][c] += next(costs) / len(windows)
             run += (nl - (layer if w.layer_outputs else 0)) * len(ROLES) * nc
             done += 1
             if progress is not None:

@@ -91,6 +91,10 @@ class CalibrationConfig:
             raise ValueError(f"calibration needs windows >= 1, targets >= 1 and a candidate: {self.to_string()}")
         if self.measure not in MEASURES:
             raise ValueError(f"calibration measure {self.measure!r}: choose one of {', '.join(MEASURES)}")
+        engines = [c for c in self.candidates if ":" in c]  # an engine's format is engine:format
+        if self.heads and engines:
+            raise ValueError(f"calibration heads=on allots a scheme per KV head, which an engine's format cannot be "
+                             f"({engines[0]} stores every head of a layer alike): leave out {', '.join(engines)}")
 
 
 def split_candidates(text: str) -> tuple[str, ...]:

@@ -146,14 +146,17 @@ class EngineWrite(CacheTransform):
 
     def _boundary_trip(self, layer: int) -> Any:
         """A boundary layer's round trip: ``none`` for its slots, but a slot the spec overrides keeps
-        the user's scheme (as kv-compress's withEngineSkips does for a whole cache)."""
+        the user's scheme and its head overrides (as kv-compress's withEngineSkips does for a whole
+        cache; a slot the engine keeps exact is exact whole)."""
         own = self._overrides(layer)
         if not own:
             return self.skip
         if layer not in self._trips:
             none = resolve_codec("none").key
             k, v = own.get("key", none), own.get("value", none)
-            self._trips[layer] = self.make(resolve_codec(f"k={k.spec},v={v.spec}"))
+            heads = "".join(f",{h.role[0]}{layer}h{h.head}={h.scheme.spec}" for h in self.inner.codec.heads
+                            if h.layer == layer and h.role in own)
+            self._trips[layer] = self.make(resolve_codec(f"k={k.spec},v={v.spec}{heads}"))
         return self._trips[layer]
 
     def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, Any]:

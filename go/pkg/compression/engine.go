@@ -521,6 +521,7 @@ func (s Spec) withEngineSkips(names []string) Spec {
 	n = min(n, len(layers)/2)
 	out := s
 	out.Layers = slices.Clone(s.Layers)
+	skipped := map[[2]any]bool{}
 	for i, l := range layers {
 		if i >= n && i < len(layers)-n {
 			continue
@@ -528,8 +529,11 @@ func (s Spec) withEngineSkips(names []string) Spec {
 		for _, r := range roles[l] {
 			if _, set := s.override(l, r); !set {
 				out.Layers = append(out.Layers, Override{Layer: l, Role: r, Scheme: noneScheme()})
+				skipped[[2]any{l, r}] = true
 			}
 		}
 	}
+	// a slot the engine keeps exact is exact whole: its head overrides go with the rest of it
+	out.Heads = slices.DeleteFunc(slices.Clone(s.Heads), func(o HeadOverride) bool { return skipped[[2]any{o.Layer, o.Role}] })
 	return out
 }

@@ -64,6 +64,9 @@ func splitUnits(src *safetensors.File, spec Spec) ([]unit, error) {
 		if len(t.Shape) != 4 || t.Shape[0] != 1 {
 			return nil, tensorErrorf(t.Name, "a head override needs a [1, heads, tokens, head_dim] tensor, not %v", t.Shape)
 		}
+		if heads > MaxHead+1 {
+			return nil, tensorErrorf(t.Name, "a head override splits a tensor of at most %d heads, not %d", MaxHead+1, heads)
+		}
 		layer, r, _ := slotOf(t.Name)
 		for _, o := range spec.Heads {
 			if o.Layer == layer && o.Role == r && o.Head >= heads {

@@ -20,12 +20,15 @@ func TestHeadOverridesParse(t *testing.T) {
 		{"int4,k1h2=int8,k0h2=int8,k0h0=rot3", "sym4/g64,k0h0=symf3/g64/rot,k0-1h2=sym8/g64"},
 		{"int4,k0h1=q8_0,k0h1=int8", "sym4/g64,k0h1=sym8/g64"}, // a later part wins
 		{"kivi2,v5h0=lm2rot+wire", "k=asym2/g32/channel,v=asym2/g32,v5h0=lm2/g64/rot+wire"},
+		// the slot's scheme is its last override, as the canonical form keeps it
+		{"int4,k3=llama.cpp:q4_0,k3=sym4/g32,k3h1=sym2", "sym4/g64,k3=sym4/g32,k3h1=sym2/g64"},
 	}
 	checkCanonical(t, cases)
 	for _, tc := range []struct{ in, want string }{
 		{"int4,k0h1=llama.cpp:q4_0", "llama.cpp:q4_0 is an engine's format"},
 		{"llama.cpp:q4_0,k0h1=int4", "llama.cpp:q4_0 is an engine's format"},
 		{"int4,k0h4096=int8", "head 4096 beyond 4095"},
+		{"int4,k3=sym4/g32,k3=llama.cpp:q4_0,k3h1=sym2", "llama.cpp:q4_0 is an engine's format"},
 		{"int4,k0h=int8", "each optionally for one head"},
 		{`{"heads": [{"layer": 0, "role": "key", "scheme": {}}]}`, `field "heads[0].head" is required`},
 		{`{"heads": [{"layer": 0, "role": "key", "head": -1, "scheme": {}}]}`, "layer 0 head -1: out of range"},
@@ -140,6 +143,31 @@ func TestHeadOverridesRefuseWhatTheTensorCannotTake(t *testing.T) {
 	s, _ := ParseSpec("int4,k0h1=int8")
 	if _, err := Compress(flat, Config{Spec: s}); err == nil || !strings.Contains(err.Error(), "needs a [1, heads, tokens, head_dim] tensor") {
 		t.Errorf("batch of 2: got %v", err)
+	}
+	wide := &safetensors.File{}
+	x, _ = safetensors.NewFloatTensor("layer_0_key", safetensors.F32, []int{1, MaxHead + 2, 1, 8}, make([]float32, (MaxHead+2)*8))
+	wide.Tensors = append(wide.Tensors, x)
+	if _, err := Compress(wide, Config{Spec: s}); err == nil || !strings.Contains(err.Error(), "at most 4096 heads, not 4097") {
+		t.Errorf("4097 heads: got %v", err)
+	}
+}
+
+// A slot an engine keeps exact (vLLM's TurboQuant boundary layers) is exact
+// whole: its head overrides go with it; a boundary slot the spec overrides
+// keeps them.
+func TestHeadOverridesOnLayersAnEngineKeepsExact(t *testing.T) {
+	src := randomCache(5, 6, 2, 16, 64)
+	_, exact := restoredOf(t, src, "none")
+	_, int8 := restoredOf(t, src, "int8")
+	_, int4 := restoredOf(t, src, "int4")
+	_, got := restoredOf(t, src, "k=vllm:turboquant_k8,v=int4,v0h1=int8,v1=int8,v1h1=int4")
+	if !bytes.Equal(got["layer_0_value"], exact["layer_0_value"]) {
+		t.Errorf("layer 0's values: the boundary rule keeps them exact, head overrides and all")
+	}
+	half := len(got["layer_1_value"]) / 2
+	if !bytes.Equal(got["layer_1_value"][:half], int8["layer_1_value"][:half]) ||
+		!bytes.Equal(got["layer_1_value"][half:], int4["layer_1_value"][half:]) {
+		t.Errorf("layer 1's values, overridden by the spec: head 0 its override, head 1 its head override")
 	}
 }
 

@@ -73,14 +73,17 @@ func slotOf(name string) (layer int, r Role, ok bool) {
 	return layer, Role(m[2]), true
 }
 
-// override returns the scheme set for (layer, r), if any.
+// override returns the scheme set for (layer, r), if any: the last one
+// set, as a later part replaces an earlier one (before normalize keeps one).
 func (s Spec) override(layer int, r Role) (Scheme, bool) {
+	var sc Scheme
+	found := false
 	for _, o := range s.Layers {
 		if o.Layer == layer && o.Role == r {
-			return o.Scheme, true
+			sc, found = o.Scheme, true
 		}
 	}
-	return Scheme{}, false
+	return sc, found
 }
 
 // defaultFor is the role's default scheme.
