@@ -437,3 +437,106 @@ def test_turboquant_leaves_the_query_exact():
 
     for preset in vr.TURBOQUANT:
         assert query_codec(resolve_codec(f"vllm:{preset}").key) is None
+
+
+# --- Per-token-head: vLLM's own writers -------------------------------------------------------------
+
+PTH_ENGINE = json.loads((make_engine_vectors.OUT.parent / "vllm_per_token_head_engine.json").read_text())
+PTH_FILES = {  # tests/third_party/README.md
+    "vllm_per_token_head.py": "0b8ae4dfd46d05849fdc272bbdb6e5392eca78b2cfc774bd60c79e02eeb004f9",
+    "vllm_int4_store.py": "28f2430eb11322c34736973ccca2ceee42d60ad67432d91ae6eade53132cd6d3",
+    "vllm_int4_rht.py": "9883ea18ef7016e44d2fba770ab4f14b609de51b3d20eece1403fda6df9e6d58",
+}
+PTH = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
+
+
+def _pth_tensors() -> dict[tuple[str, str], tuple[dict, str]]:
+    """Every vector tensor a per-token-head format quantizes: (case, tensor) -> (tensor, format)."""
+    return {(c["name"], t["name"]): (t, t["format"].removeprefix("vllm:")) for c in VLLM if "error" not in c
+            for t in c["tensors"] if t.get("format", "").removeprefix("vllm:") in PTH}
+
+
+def test_per_token_head_engine_covers_the_vectors():
+    """The recorded engine output holds every per-token-head tensor of the vectors once: F32, F16 and
+    BF16 on head_dim 64, 128 and 256, outlier key channels, an all-zero token-head, values past the
+    range, a role alone in its format, skipped layers, int4's head_dim 96 and 80."""
+    import hashlib
+
+    for name, sha in PTH_FILES.items():
+        assert hashlib.sha256((THIRD / name).read_bytes()).hexdigest() == sha, name
+    ours = _pth_tensors()
+    theirs = [(e["case"], e["tensor"]) for e in PTH_ENGINE["tensors"]]
+    assert sorted(theirs) == sorted(ours) and len(set(theirs)) == len(theirs) == 66
+    assert all(ours[(e["case"], e["tensor"])][1] == e["format"] for e in PTH_ENGINE["tensors"])
+    assert PTH_ENGINE["vllm_version"] == vr.VERSION and PTH_ENGINE["triton_version"] == "3.8.0"
+    got = {(t["dtype"], t["shape"][-1], f) for t, f in ours.values()}
+    assert all((dt, hd, f) in got for dt in ("F32", "F16", "BF16") for hd in (64, 128, 256) for f in PTH)
+    for f in PTH:
+        assert (f"vllm_{f}_past_the_range", "layer_0_key") in ours
+    assert ("vllm_per_role", "layer_0_value") in ours and ("vllm_per_role", "layer_0_key") not in ours
+    assert ("vllm_skip_layer_0", "layer_2_value") in ours and ("vllm_skip_layer_0", "layer_0_key") not in ours
+    # the interpreter's own fp32 -> float8e4nv cast is not the GPU's (tests/vllm_triton_harness.py)
+    assert PTH_ENGINE["fp8_codes_the_interpreters_own_cast_changes"] == {"bytes": 149, "of": 8832}
+
+
+def _int4_code(v: np.float32) -> int:
+    """The kernel's where(v >= 0, int(v + 0.5), int(v - 0.5)) clamped to [0, 15], in float32."""
+    q = np.trunc(v + F32(0.5)) if v >= 0 else np.trunc(v - F32(0.5))
+    return int(min(max(q, 0), 15))
+
+
+def test_per_token_head_bytes_are_vllms():
+    """vLLM's own writers (tests/vllm_triton_harness.py: the launchers and Triton kernels, verbatim, in
+    Triton's interpreter) on every per-token-head vector tensor: kv-compress's bytes are the engine's,
+    codes and float32 scales. fp8_per_token_head's codes are converted to e4m3 as the GPU does (torch's
+    cast after the clamp to 448; the interpreter's own cast is not that). int4_per_token_head: its
+    scale words everywhere, and its codes but where the interpreter's unfused x * (1/scale) + zp
+    rounds onto a tie that the GPU's fused multiply-add (Triton's default fp fusion, kv-compress's
+    arithmetic) does not reach; each such code is recomputed both ways from vLLM's own rotation."""
+    import importlib.util
+
+    import nvfp4_reference as nr
+    from kvq_reference import decode
+
+    spec = importlib.util.spec_from_file_location("vllm_int4_rht", THIRD / "vllm_int4_rht.py")
+    rht = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rht)
+    tensors = _pth_tensors()
+    fused = []
+    for e in PTH_ENGINE["tensors"]:
+        t, fmt = tensors[(e["case"], e["tensor"])]
+        if fmt != "int4_per_token_head":
+            assert t["parts"][".codes"] == e["hex"], (e["case"], e["tensor"])
+            continue
+        d = t["shape"][-1]
+        ours = np.frombuffer(bytes.fromhex(t["parts"][".codes"]), np.uint8).reshape(-1, d // 2 + 4)
+        theirs = np.frombuffer(bytes.fromhex(e["hex"]), np.uint8).reshape(-1, d // 2 + 4)
+        assert ours.shape == theirs.shape and np.array_equal(ours[:, d // 2:], theirs[:, d // 2:]), (e["case"], e["tensor"])
+        nib = lambda raw: np.stack([raw[:, : d // 2] & 0xF, raw[:, : d // 2] >> 4], axis=-1).reshape(-1, d)  # noqa: E731
+        for row, i in zip(*np.nonzero(nib(ours) != nib(theirs))):
+            dt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[t["dtype"]]
+            x = torch.from_numpy(decode(bytes.fromhex(t["input_hex"]), t["dtype"]).reshape(-1, d)).to(dt)
+            y = rht.single_rht(x.float()).to(dt).float().numpy()[row]  # reshape_and_cache_int4 (:867)
+            lo, hi = y.min(), y.max()
+            scale = max(F32((hi - lo) / F32(15)), F32(1e-6))
+            zp = F32(_int4_code(F32(-lo / scale)))
+            inv = F32(F32(1) / scale)
+            unfused, one = F32(F32(y[i] * inv) + zp), nr.fma32(y[i], inv, zp)
+            assert (nib(theirs)[row, i], nib(ours)[row, i]) == (_int4_code(unfused), _int4_code(one)) and unfused % 1 == 0.5
+            fused.append((e["case"], e["tensor"], int(row), int(i)))
+    assert fused == [("vllm_int4_per_token_head_hd96", "layer_0_key", 1, 1), ("vllm_int4_per_token_head_hd80", "layer_0_value", 4, 68)]
+
+
+def test_per_token_head_harness_reruns(monkeypatch):
+    """Where triton is installed, vLLM's writers run again (in Triton's interpreter) and give the
+    recorded output."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # before triton is imported: it reads it then
+    pytest.importorskip("triton")
+    import vllm_triton_harness as h
+
+    picked = [c for c in VLLM if c["name"] in ("vllm_int8_per_token_head_bf16_hd128", "vllm_fp8_per_token_head_past_the_range",
+                                                "vllm_per_role", "vllm_int4_per_token_head_hd96", "vllm_int4_per_token_head_f16_hd256")]
+    got = h.build(picked)
+    recorded = [e for e in PTH_ENGINE["tensors"] if e["case"] in {c["name"] for c in picked}]
+    assert got["tensors"] == recorded and len(recorded) == 8
+    assert got["fp8_codes_the_interpreters_own_cast_changes"]["bytes"] > 0

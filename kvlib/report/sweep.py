@@ -199,12 +199,7 @@ def engine_tables(result: SweepResult | dict[str, Any]):
     tables = _as_dict(result).get("engines") or {}
     out = ""
     for engine, t in tables.items():
-        rows = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(r['option'])}</th><td style='text-align:left'><code>"
-            f"{html.escape(r['flags'])}</code></td><td style='text-align:left'>{html.escape(r.get('scales', ''))}</td>"
-            f"<td>{r['bits_per_element']:.3f}</td><td>{r['context_delta']:+.4f}</td>"
-            f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{r['kld_mean']:.5f}</td><td>{r['top1_agreement']:.1f}%</td>"
-            f"<td>{r['saturated']}</td><td style='text-align:left'>{html.escape(r['verdict'])}</td></tr>" for r in t["rows"])
+        rows = "".join(_engine_row(r) for r in t["rows"])
         best = (f"<b>{html.escape(t['cheapest'])}</b>: {html.escape(t['cheapest_flags'])}" if t["cheapest"]
                 else "none passes robustly")
         out += (f"<h4>{html.escape(engine)} <small>({html.escape(t['version'])}, {t['mode']} mode)</small></h4>"
@@ -213,6 +208,18 @@ def engine_tables(result: SweepResult | dict[str, Any]):
                 f"<th>top-1</th><th>clamped</th><th style='text-align:left'>verdict</th></tr></thead><tbody>{rows}"
                 f"</tbody></table><p>Cheapest option that passes in {html.escape(engine)}: {best}</p>")
     return HTML(out)
+
+
+def _engine_row(r: dict[str, Any]) -> str:
+    """One option's row; an option the engine refuses for this model spans the numbers with its reason."""
+    head = (f"<tr><th style='text-align:left'>{html.escape(r['option'])}</th><td style='text-align:left'><code>"
+            f"{html.escape(r['flags'])}</code></td><td style='text-align:left'>{html.escape(r.get('scales', ''))}</td>")
+    if r.get("unavailable"):
+        return (head + "<td colspan='6' style='text-align:left;color:#777'>–</td><td style='text-align:left;color:#777'>"
+                f"unavailable for this model: {html.escape(r['unavailable'])}</td></tr>")
+    return (head + f"<td>{r['bits_per_element']:.3f}</td><td>{r['context_delta']:+.4f}</td>"
+            f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{r['kld_mean']:.5f}</td><td>{r['top1_agreement']:.1f}%</td>"
+            f"<td>{r['saturated']}</td><td style='text-align:left'>{html.escape(r['verdict'])}</td></tr>")
 
 
 def _fmt(v: Any) -> str:

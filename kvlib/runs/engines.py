@@ -25,9 +25,14 @@ def engine_tables(schemes: list[Any], mode: str) -> dict[str, Any]:
     tables: dict[str, Any] = {}
     for s in schemes:
         row = menu.get(s.name.removesuffix(CALIBRATED))
-        if row is None or s.error:
+        if row is None:
             continue
         t = tables.setdefault(row["engine"], {"version": row["engine_version"], "mode": mode, "rows": []})
+        if s.error:  # refused for this model (kvlib.codec.preflight): listed with the engine's reason
+            t["rows"].append({"option": s.name, "flags": row["flags"], "scales": "", "evidence": row["evidence"],
+                              "unavailable": s.error.removeprefix("unavailable for this model: "),
+                              "verdict": "unavailable", "robust": False})
+            continue
         t["rows"].append({
             "option": s.name, "flags": row["flags"],
             "scales": _scales(s.name, row["key_scheme"].get("scale", 0) > 0),
@@ -49,6 +54,9 @@ def print_engine_tables(tables: dict[str, Any]) -> None:
         w = max(len(r["option"]) for r in t["rows"])
         print(f"  {engine} ({t['version']}), {t['mode']} mode:")
         for r in t["rows"]:
+            if r.get("unavailable"):
+                print(f"    {r['option']:{w}s} unavailable for this model: {r['unavailable']}")
+                continue
             print(f"    {r['option']:{w}s} {r['bits_per_element']:6.3f} b/el  delta {r['context_delta']:+.4f} "
                   f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]  {r['verdict']:26s} {r['flags']}"
                   + (f" (scales: {r['scales']})" if r["scales"] else ""))
@@ -58,5 +66,6 @@ def print_engine_tables(tables: dict[str, Any]) -> None:
         ranked = sorted(((t["rows"][[r["option"] for r in t["rows"]].index(t["cheapest"])], e)
                          for e, t in tables.items() if t["cheapest"]), key=lambda x: (x[0]["bits_per_element"],
                                                                                       x[0]["context_delta"]))
-        print("  across engines (cheapest passing option each): " + "; ".join(
-            f"{e}: {r['option']} {r['bits_per_element']:.3f} b/el, delta {r['context_delta']:+.4f}" for r, e in ranked))
+        print("  across engines (cheapest passing option each): " + ("; ".join(
+            f"{e}: {r['option']} {r['bits_per_element']:.3f} b/el, delta {r['context_delta']:+.4f}" for r, e in ranked)
+            or "none passes robustly"))

@@ -302,6 +302,8 @@ def _row(st: Setting, r: Any) -> dict[str, Any]:
            "kld_mean": r.kld_mean, "robust": r.robust, "passed": r.passed}
     if st.skipped is not None:
         row["skipped"] = list(st.skipped)
+    if getattr(r, "error", ""):  # the engine refuses the setting for this model (kvlib.codec.preflight)
+        row["unavailable"] = r.error
     return row
 
 
@@ -368,6 +370,8 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
 
 
 def _verdict(r: dict[str, Any]) -> str:
+    if r.get("unavailable"):
+        return r["unavailable"]
     v = "pass (robust)" if r["robust"] else "pass" if r["passed"] else "FAIL"
     if r.get("confirmed") is False:
         v += ", not confirmed on fresh windows"

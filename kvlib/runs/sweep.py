@@ -30,6 +30,7 @@ from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates, role
 from kvlib.cache.layout import geometry
 from kvlib.checks.decoding import DecodingChecks, readings, run_decoding_checks
 from kvlib.codec.metrics import CompressionMetrics, pool_tensors
+from kvlib.codec.preflight import refusals
 from kvlib.codec.spec import (ENTROPY_SUFFIXES, LOSSLESS_SUFFIX, CodecConfig, engine_menu, nominal_bits, presets,
                               resolve_codec, split_schemes)
 from kvlib.env import flag
@@ -409,6 +410,7 @@ def run_sweep(
     run = prepare_run(RunParams(model, corpus_name, device, dtype, threshold, stride, max_windows, context_length,
                                 results, fresh), verbose)
     geometry = model_geometry(run)  # a cache kvlib cannot compress fails here, before any window
+    resolved, unavailable = drop_refused(resolved, geometry, mode)
     planned, mixes = None, {}
     if sensitivity:
         resolved, planned, mixes = _add_mixes(run, resolved, cal_cfg, budgets, workdir,
@@ -443,6 +445,7 @@ def run_sweep(
         for k, v in readings(s.name, retrieval, agreement).items():
             setattr(s, k, v)
         s.name = mixes.get(s.name, s.name)
+    schemes += unavailable
     schemes.sort(key=lambda s: (bool(s.error), not s.passed, s.bits_per_element, s.context_delta))
     rec, sentence = recommend(schemes)
     result = SweepResult(
@@ -469,6 +472,20 @@ def run_sweep(
     if verbose:
         print_sweep(result)
     return result
+
+
+def drop_refused(codecs: list[CodecConfig], geometry: dict[str, Any], mode: str,
+                 ) -> tuple[list[CodecConfig], list[SchemeResult]]:
+    """The codecs kv-compress takes for this model's cache, and a "not run" row with the reason for
+    each it refuses (an engine's option the engine refuses for this model, kvlib.codec.preflight):
+    listed, never run as something else. ValueError when it refuses them all."""
+    refused = refusals(codecs, geometry)
+    if refused and len(refused) == len(codecs):
+        raise ValueError("kv-compress refuses every scheme for this model's cache: " + "; ".join(
+            f"{name}: {why}" for name, why in refused.items()))
+    rows = [SchemeResult(name=c.name, spec=c.spec, kind=CodecRoundtrip.kind, mode=mode,
+                         error=f"unavailable for this model: {refused[c.name]}") for c in codecs if c.name in refused]
+    return [c for c in codecs if c.name not in refused], rows
 
 
 def _add_mixes(run: RunSetup, resolved: list[CodecConfig], cal_cfg: CalibrationConfig, budgets: list[float],

@@ -1,0 +1,82 @@
+"""An option an engine refuses for a model is listed as unavailable with the engine's reason, before
+any window runs, and never run as something else (kvlib.codec.preflight)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kvlib.codec.preflight import refusals
+from kvlib.codec.spec import resolve_codec
+from kvlib.runs.engines import engine_tables, print_engine_tables
+from kvlib.runs.sweep import print_sweep, run_sweep
+
+LLAMA_TYPES = ["llama.cpp:q8_0", "llama.cpp:q5_1", "llama.cpp:q5_0", "llama.cpp:q4_1", "llama.cpp:q4_0", "llama.cpp:iq4_nl"]
+
+
+def _geometry(head_dim: int) -> dict:
+    return {"num_layers": 2, "num_kv_heads": 2, "head_dim": head_dim}
+
+
+def test_llamacpp_refuses_its_block_types_where_32_does_not_divide_head_dim(cli):
+    codecs = [resolve_codec(s) for s in ["llama.cpp:f16", *LLAMA_TYPES, "int4", "exllamav2:q4"]]
+    refused = refusals(codecs, _geometry(48))
+    assert set(refused) == {*LLAMA_TYPES, "exllamav2:q4"}  # f16 and kvlib's int4 take head_dim 48
+    assert refused["llama.cpp:q4_0"] == ('tensor "layer_0_key": llama.cpp refuses q4_0 for head_dim 48: its blocks '
+                                         "of 32 must divide head_dim (src/llama-context.cpp:3851-3871)")
+    assert all("\n" not in why and "preflight" not in why and "safetensors" not in why for why in refused.values())
+    assert set(refusals(codecs, _geometry(96))) == {"exllamav2:q4"}  # 32 divides 96; ExLlamaV2's chunks of 64 do not
+    assert refusals(codecs, _geometry(64)) == {}
+
+
+@pytest.fixture(scope="module")
+def head_dim_48(tmp_path_factory, tiny_tokenizer):
+    """A tiny Llama whose head_dim (48) llama.cpp's quantized types refuse, saved with a corpus."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from conftest import TINY_WORDS
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=96, intermediate_size=192, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=48, max_position_embeddings=512)
+    d = tmp_path_factory.mktemp("hd48")
+    LlamaForCausalLM(cfg).eval().save_pretrained(d / "model")
+    tiny_tokenizer.save_pretrained(d / "model")
+    rng = random.Random(0)
+    (d / "corpus.txt").write_text(" ".join(rng.choice(TINY_WORDS) for _ in range(900)))
+    return d
+
+
+def test_a_sweep_lists_a_refused_option_with_the_engines_reason(head_dim_48, tmp_path, capsys):
+    kw = dict(model=str(head_dim_48 / "model"), corpus_name=str(head_dim_48 / "corpus.txt"), device="cpu",
+              context_length=128, stride=64, max_windows=2, peers=False, verbose=False, results=tmp_path / "store",
+              mode="write")
+    r = run_sweep(["llama.cpp:f16", "llama.cpp:q4_0"], **kw)
+    q4 = r.scheme("llama.cpp:q4_0")
+    assert q4.error.startswith("unavailable for this model: ") and "refuses q4_0 for head_dim 48" in q4.error
+    assert q4.verdict_text == "not run" and not q4.passed and r.scheme("llama.cpp:f16").passed
+    assert r.timing["units_computed"] == 2  # f16's two windows; q4_0 never ran
+    rows = {row["option"]: row for row in r.engines["llama.cpp"]["rows"]}
+    assert rows["llama.cpp:q4_0"]["verdict"] == "unavailable" and "blocks of 32" in rows["llama.cpp:q4_0"]["unavailable"]
+    assert rows["llama.cpp:q4_0"]["flags"] == "-ctk q4_0 -ctv q4_0"
+    assert r.engines["llama.cpp"]["cheapest"] != "llama.cpp:q4_0"
+    print_sweep(r)
+    out = capsys.readouterr().out
+    assert "llama.cpp:q4_0 unavailable for this model: " in out and "refuses q4_0 for head_dim 48" in out
+    with pytest.raises(ValueError, match="refuses every scheme for this model's cache: llama.cpp:q8_0: "):
+        run_sweep(["llama.cpp:q8_0"], **kw)
+
+
+def test_an_engine_table_with_nothing_that_passes_says_so(capsys):
+    from kvlib.runs.sweep import SchemeResult
+
+    rows = [SchemeResult(name=n, spec=n, kind="kvq", mode="write", error="unavailable for this model: it refuses")
+            for n in ("llama.cpp:q4_0", "exllamav3:4")]
+    tables = engine_tables(rows, "write")
+    assert tables["llama.cpp"]["cheapest"] is None and tables["llama.cpp"]["rows"][0]["unavailable"] == "it refuses"
+    print_engine_tables(tables)
+    out = capsys.readouterr().out
+    assert "cheapest option that passes in llama.cpp: none" in out
+    assert "across engines (cheapest passing option each): none passes robustly" in out
