@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                               peers=not args.no_peers, verbose=not args.quiet, checks=checks,
                               results=args.results, fresh=args.fresh, ray=args.ray, budget=budgets,
                               calibration=calibration, sensitivity=args.sensitivity, mode=args.mode,
-                              calibrate_scales=args.calibrated_scales or bool(args.engine), transfer=args.transfer)
+                              calibrate_scales=args.calibrated_scales or bool(args.engine), transfer=args.transfer,
+                              beside="prefix" if args.engine and args.mode == "write" else None)
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:

@@ -80,3 +80,19 @@ def test_an_engine_table_with_nothing_that_passes_says_so(capsys):
     out = capsys.readouterr().out
     assert "cheapest option that passes in llama.cpp: none" in out
     assert "across engines (cheapest passing option each): none passes robustly" in out
+
+
+def test_the_report_shows_the_reason_and_the_other_mode():
+    from kvlib.report.sweep import engine_tables as html_tables
+
+    rows = [{"option": "llama.cpp:q8_0", "flags": "-ctk q8_0 -ctv q8_0", "scales": "", "bits_per_element": 8.5,
+             "context_delta": 0.0123, "ci_low": 0.001, "ci_high": 0.02, "kld_mean": 0.0001, "top1_agreement": 99.1,
+             "saturated": 0, "verdict": "PASS (robust)", "robust": True,
+             "beside": {"mode": "prefix", "context_delta": -0.0042, "ci_low": -0.01, "ci_high": 0.002}},
+            {"option": "llama.cpp:q4_0", "flags": "-ctk q4_0 -ctv q4_0", "scales": "", "verdict": "unavailable",
+             "robust": False, "unavailable": "llama.cpp refuses q4_0 for head_dim 48 <here>"}]
+    page = html_tables({"engines": {"llama.cpp": {"version": "v", "mode": "write", "rows": rows,
+                                                  "cheapest": "llama.cpp:q8_0", "cheapest_flags": "-ctk q8_0 -ctv q8_0"}}}).data
+    assert "Δ gated, prefix mode [CI]" in page and "-0.0042 [-0.0100, +0.0020]" in page
+    assert "unavailable for this model: llama.cpp refuses q4_0 for head_dim 48 &lt;here&gt;" in page
+    assert page.count("<tr>") == 3  # the header and both options

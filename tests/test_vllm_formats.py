@@ -108,8 +108,11 @@ def test_schemes_lists_vllm(cli):
     rows = json.loads(subprocess.run([cli, "schemes", "-engine", "vllm"], capture_output=True, text=True, check=True).stdout)
     assert [r["format"] for r in rows] == list(vr.FORMATS)
     for r in rows:
-        # TurboQuant's MSE presets: vLLM's own store and read ran on the vectors (test_turboquant_* below)
-        executed = r["format"] in vr.TURBOQUANT_PRESETS and r["format"] != "turboquant_k8v4"
+        # TurboQuant's MSE presets: vLLM's own store and read ran on the vectors (test_turboquant_* below);
+        # int8 and int4 per token-head: vLLM's own writers (test_per_token_head_* below); fp8_per_token_head's
+        # codes take torch's e4m3 cast there, not the interpreter's: read, as turboquant_k8v4's keys
+        executed = (r["format"] in vr.TURBOQUANT_PRESETS and r["format"] != "turboquant_k8v4") or r["format"] in (
+            "int8_per_token_head", "int4_per_token_head")
         assert r["engine_version"] == vr.VERSION and r["flags"] == f"--kv-cache-dtype {r['format']}"
         assert r["evidence"] == ("executed" if executed else "read"), r
         assert r["source"] and "Triton" in r["evidence_detail"]

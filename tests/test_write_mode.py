@@ -288,3 +288,23 @@ def test_turboquant_write_mode_keeps_the_boundary_layers_exact(tiny_llama, tmp_p
         k2, v2, m = t.roundtrip_layer(layer, k, v)
         assert (torch.equal(k2, k) and torch.equal(v2, v)) == exact, layer
         assert m.bits_per_element == (32 if exact else (3.25 + 4.5) / 2)  # float32 kept; 3 + 16/64, 4 + 32/64
+
+
+def test_an_engine_sweep_shows_prefix_mode_beside_write(tiny_dir, tmp_path, capsys):
+    """--engine runs score the options in prefix mode too: each engine row carries the prefix delta
+    beside its write-mode verdict, the same number (and units) a prefix-mode sweep gives."""
+    from kvlib.runs.sweep import print_sweep
+
+    kw = dict(model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), device="cpu", stride=64,
+              max_windows=3, context_length=128, peers=False, verbose=False, results=tmp_path / "store")
+    both = run_sweep(["llama.cpp:q8_0", "int4"], mode="write", beside="prefix", **kw)
+    row = both.engines["llama.cpp"]["rows"][0]
+    assert both.mode == "write" and row["option"] == "llama.cpp:q8_0" and row["beside"]["mode"] == "prefix"
+    assert row["context_delta"] == both.scheme("llama.cpp:q8_0").context_delta  # the verdict stays write mode's
+    prefix = run_sweep(["llama.cpp:q8_0"], mode="prefix", **kw)
+    assert prefix.timing["units_computed"] == 0  # the beside pass stored them
+    assert row["beside"]["context_delta"] == prefix.scheme("llama.cpp:q8_0").context_delta != row["context_delta"]
+    print_sweep(both)
+    assert "; prefix mode " in capsys.readouterr().out
+    with pytest.raises(ValueError, match="beside 'write'"):
+        run_sweep(["llama.cpp:q8_0"], mode="write", beside="write", **kw)

@@ -205,7 +205,8 @@ def engine_tables(result: SweepResult | dict[str, Any]):
         out += (f"<h4>{html.escape(engine)} <small>({html.escape(t['version'])}, {t['mode']} mode)</small></h4>"
                 f"<table class='kvlib-engine-table' style='font-size:12.5px'><thead><tr><th style='text-align:left'>option"
                 f"</th><th style='text-align:left'>flags</th><th style='text-align:left'>static scales</th><th>bits/el</th><th>Δ gated</th><th>CI</th><th>KLD</th>"
-                f"<th>top-1</th><th>clamped</th><th style='text-align:left'>verdict</th></tr></thead><tbody>{rows}"
+                f"<th>top-1</th><th>clamped</th><th style='text-align:left'>verdict ({t['mode']} mode)</th><th>Δ gated, "
+                f"{'prefix' if t['mode'] == 'write' else 'write'} mode [CI]</th></tr></thead><tbody>{rows}"
                 f"</tbody></table><p>Cheapest option that passes in {html.escape(engine)}: {best}</p>")
     return HTML(out)
 
@@ -215,11 +216,14 @@ def _engine_row(r: dict[str, Any]) -> str:
     head = (f"<tr><th style='text-align:left'>{html.escape(r['option'])}</th><td style='text-align:left'><code>"
             f"{html.escape(r['flags'])}</code></td><td style='text-align:left'>{html.escape(r.get('scales', ''))}</td>")
     if r.get("unavailable"):
-        return (head + "<td colspan='6' style='text-align:left;color:#777'>–</td><td style='text-align:left;color:#777'>"
-                f"unavailable for this model: {html.escape(r['unavailable'])}</td></tr>")
+        return (head + "<td colspan='6' style='text-align:left;color:#777'>–</td><td colspan='2' style='text-align:left;"
+                f"color:#777'>unavailable for this model: {html.escape(r['unavailable'])}</td></tr>")
+    b = r.get("beside")
+    other = f"{b['context_delta']:+.4f} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]" if b else "not run"
     return (head + f"<td>{r['bits_per_element']:.3f}</td><td>{r['context_delta']:+.4f}</td>"
             f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{r['kld_mean']:.5f}</td><td>{r['top1_agreement']:.1f}%</td>"
-            f"<td>{r['saturated']}</td><td style='text-align:left'>{html.escape(r['verdict'])}</td></tr>")
+            f"<td>{r['saturated']}</td><td style='text-align:left'>{html.escape(r['verdict'])}</td>"
+            f"<td style='white-space:nowrap'>{other}</td></tr>")
 
 
 def _fmt(v: Any) -> str:

@@ -18,10 +18,18 @@ def _scales(name: str, static: bool) -> str:
     return "calibrated k_scale/v_scale in the checkpoint" if name.endswith(CALIBRATED) else "1.0 (none in the checkpoint)"
 
 
-def engine_tables(schemes: list[Any], mode: str) -> dict[str, Any]:
+def _beside(s: Any) -> dict[str, Any]:
+    """An option's numbers in the other mode (prefix beside write): the gated delta, its CI, verdict."""
+    return {"mode": s.mode, "context_delta": s.context_delta, "ci_low": s.ci_low, "ci_high": s.ci_high,
+            "kld_mean": s.kld_mean, "verdict": s.verdict_text, "robust": s.robust}
+
+
+def engine_tables(schemes: list[Any], mode: str, beside: list[Any] = ()) -> dict[str, Any]:
     """{engine: {"version", "mode", "rows", "cheapest"}} for the schemes that are an engine's option
-    (``SCHEME@calibrated``: the option with calibrated static scales); empty when none is."""
+    (``SCHEME@calibrated``: the option with calibrated static scales); empty when none is. ``beside``:
+    the same options scored in the other mode, each row's ``beside`` (the verdict stays ``mode``'s)."""
     menu = {row["name"]: row for row in engine_menu("all")}
+    other = {s.name: _beside(s) for s in beside if not s.error}
     tables: dict[str, Any] = {}
     for s in schemes:
         row = menu.get(s.name.removesuffix(CALIBRATED))
@@ -39,7 +47,8 @@ def engine_tables(schemes: list[Any], mode: str) -> dict[str, Any]:
             "bits_per_element": s.bits_per_element, "context_delta": s.context_delta, "ci_low": s.ci_low,
             "ci_high": s.ci_high, "kld_mean": s.kld_mean, "top1_agreement": s.top1_agreement,
             "verdict": s.verdict_text, "robust": s.robust, "evidence": row["evidence"],
-            "saturated": sum(s.layer_key_saturated) + sum(s.layer_value_saturated)})
+            "saturated": sum(s.layer_key_saturated) + sum(s.layer_value_saturated),
+            **({"beside": other[s.name]} if s.name in other else {})})
     for t in tables.values():
         ok = [r for r in t["rows"] if r["robust"]]
         best = min(ok, key=lambda r: (r["bits_per_element"], r["context_delta"])) if ok else None
@@ -59,7 +68,9 @@ def print_engine_tables(tables: dict[str, Any]) -> None:
                 continue
             print(f"    {r['option']:{w}s} {r['bits_per_element']:6.3f} b/el  delta {r['context_delta']:+.4f} "
                   f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]  {r['verdict']:26s} {r['flags']}"
-                  + (f" (scales: {r['scales']})" if r["scales"] else ""))
+                  + (f" (scales: {r['scales']})" if r["scales"] else "")
+                  + (f"; {b['mode']} mode {b['context_delta']:+.4f} [{b['ci_low']:+.4f}, {b['ci_high']:+.4f}]"
+                     if (b := r.get("beside")) else ""))
         print(f"  cheapest option that passes in {engine}: "
               + (f"{t['cheapest']} ({t['cheapest_flags']})" if t["cheapest"] else "none"))
     if len(tables) > 1:

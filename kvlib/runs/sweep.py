@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
-from kvlib.budget.scales import calibrated_scales
+from kvlib.budget.scales import CALIBRATED, calibrated_scales
 from kvlib.runs.engines import engine_tables, print_engine_tables
 from kvlib.runs.transfer import print_transfer, transfer_table
 from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates, role_labels
@@ -361,6 +361,7 @@ def run_sweep(
     calibrate_scales: bool = False,
     transfer: bool = False,
     first_window: int = 0,
+    beside: str | None = None,
 ) -> SweepResult:
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
@@ -388,9 +389,14 @@ def run_sweep(
     per context token against quality; prefix mode).
 
     ``first_window``: score ``max_windows`` windows from that index on, not from the first (fresh
-    windows to confirm what a search chose on the first ones; no budget or decoding checks then)."""
+    windows to confirm what a search chose on the first ones; no budget or decoding checks then).
+
+    ``beside``: also score the engine options in this other mode (``--engine`` runs: prefix beside
+    write), for the engine tables' second column; the verdict stays ``mode``'s."""
     t_start = time.perf_counter()
     check_mode(mode)
+    if beside is not None and (beside == mode or beside not in MODES):
+        raise ValueError(f"beside {beside!r}: the other mode of {', '.join(MODES)} than {mode!r}")
     if first_window < 0:
         raise ValueError(f"first_window {first_window} must be >= 0")
     if first_window and (budget or sensitivity or calibrate_scales or checks.retrieval or checks.agreement):
@@ -441,6 +447,7 @@ def run_sweep(
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, resolved, checks, workdir or tmp,
                                                    run.name, run.text.name, peers, progress, store=run.store,
                                                    identity=run.identity)
+        other = score_beside(run, resolved, beside, workdir or tmp, threshold, progress, ray, first_window) if beside else []
     for s in schemes:
         for k, v in readings(s.name, retrieval, agreement).items():
             setattr(s, k, v)
@@ -463,7 +470,7 @@ def run_sweep(
         retrieval=renamed(retrieval.to_dict(), mixes) if retrieval else {},
         agreement=renamed(agreement.to_dict(), mixes) if agreement else {},
         budget=planned.to_dict() if planned else {},
-        engines=engine_tables(schemes, mode),
+        engines=engine_tables(schemes, mode, other),
         context_tokens=sum(w.context_tokens for w in first.windows if w.compressed),
         first_window=first_window,
     )
@@ -472,6 +479,23 @@ def run_sweep(
     if verbose:
         print_sweep(result)
     return result
+
+
+def score_beside(run: RunSetup, codecs: list[CodecConfig], mode: str, workdir: Any, threshold: float,
+                 progress: bool, ray: bool | str, first_window: int) -> list[SchemeResult]:
+    """The engine options among ``codecs`` scored in ``mode`` too, over the same windows (their own
+    units in the store): what the engine tables show beside the verdict's mode."""
+    menu = {row["name"]: row["mode"] for row in engine_menu("all")}
+    options = [c for c in codecs if menu.get(c.name.removesuffix(CALIBRATED)) in (mode, "write" if mode == "prefix" else mode)]
+    if not options:
+        return []
+    run.say(f"Scoring the {len(options)} engine options in {mode} mode too, beside the verdict's...")
+    executor, job = executor_for(run, options, False, ray, mode, first_window)
+    out, _, _ = score_schemes(run.load, run.ids, run.context_length, run.params.stride, options, workdir, run.name,
+                              threshold, False, run.params.max_windows, progress, store=run.store,
+                              identity=run.identity, executor=executor, job=job, mode=mode,
+                              architecture=getattr(run.config, "model_type", None), first_window=first_window)
+    return out
 
 
 def drop_refused(codecs: list[CodecConfig], geometry: dict[str, Any], mode: str,

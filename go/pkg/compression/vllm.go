@@ -36,6 +36,10 @@ import (
 // (float32). The divisions are IEEE here and in Triton's interpreter; the
 // GPU's div.full.f32 may differ from them by up to 2 ulp, which moves a
 // stored scale in its last bits and, rarely, a code by one step.
+// tests/vllm_triton_harness.py runs the launcher and kernel (verbatim) in
+// Triton's interpreter on the vector caches: int8 is executed; fp8's
+// codes take torch's e4m3 cast there, the interpreter's not being the
+// GPU's, so its conversion stays read.
 var vllm = &engine{
 	name:    "vllm",
 	version: "vLLM 0.33.0 (wheel, commit 4ba787ec9)",
@@ -61,10 +65,30 @@ var vllm = &engine{
 			}
 			return d
 		}
-		if f.name == "int4_per_token_head" {
-			return "read, its rotation executed: vLLM's own RHT (fast_hadamard_transform, _get_rht_signs, single_rht; " +
-				"tests/third_party/vllm_int4_rht.py, verbatim from the wheel) runs on the vector caches and gives the codec's " +
-				"rotated values, signs and restored cache; the Triton quantizer was read (file cited), not run"
+		switch f.name {
+		case "int8_per_token_head":
+			return "executed: vLLM's own writer (triton_reshape_and_cache_flash_per_token_head_quant and its Triton kernel " +
+				"_reshape_cache_per_token_head, verbatim in tests/third_party/vllm_per_token_head.py) ran in Triton 3.8.0's " +
+				"interpreter (TRITON_INTERPRET=1, CPU) on every vector tensor of the format (tests/vllm_triton_harness.py) " +
+				"and gave kv-compress's bytes, codes and float32 scales, bit for bit. Not run: the read (fused in vLLM's " +
+				"attention kernel) and a GPU (div.full.f32; whether it contracts x*(1/scale) +- 0.5 into an fma)"
+		case "fp8_per_token_head":
+			return "read for the codes' fp32 -> e4m3 conversion, the rest executed: vLLM's own writer (" +
+				"triton_reshape_and_cache_flash_per_token_head_quant, _reshape_cache_per_token_head; tests/third_party/" +
+				"vllm_per_token_head.py, verbatim) ran in Triton 3.8.0's interpreter on every vector tensor of the format " +
+				"(tests/vllm_triton_harness.py) and gave kv-compress's bytes, bit for bit, with the store's conversion of the " +
+				"clamped codes made torch's float8_e4m3fn cast (SM89+'s cvt.rn.satfinite): the interpreter's own cast rounds " +
+				"half up and drops carries (149 of the 8,832 code bytes otherwise). Not run: the read (fused in vLLM's " +
+				"attention kernel) and a GPU (div.full.f32)"
+		case "int4_per_token_head":
+			return "executed: vLLM's own write path (reshape_and_cache_int4: its torch RHT, then the Triton kernel " +
+				"_reshape_cache_int4_kernel; tests/third_party/vllm_int4_store.py and vllm_int4_rht.py, verbatim) ran in " +
+				"Triton 3.8.0's interpreter on every vector tensor of the format (tests/vllm_triton_harness.py): every " +
+				"scale word and all but 2 of the 9,920 codes are kv-compress's; those 2 are where the interpreter's unfused " +
+				"x*(1/scale) + zp rounds onto a tie that the fma the GPU computes (Triton's default fp fusion, kv-compress's " +
+				"arithmetic) does not reach, each recomputed both ways. vLLM's inverse single_rht gives kv-compress's restored " +
+				"F32 caches. Not run: the read (fused in vLLM's attention kernel) and a GPU (hadacore or the Triton Hadamard " +
+				"through bfloat16, div.full.f32)"
 		}
 		return "read: from the pinned source (file cited); tests/vllm_reference.py, the NumPy reference written from it, pins the " +
 			"codec bit for bit (tests/vectors/engine_vectors.json), its float8 casts checked against torch's; vLLM's CUDA and " +
@@ -80,7 +104,7 @@ var vllm = &engine{
 		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 57344, evidence: EvidenceRead,
 			source:    "csrc/cache_kernels.cu reshape_and_cache_flash (FlashInfer's writer; FlashAttention refuses e5m2, v1/attention/backends/fa_utils.py:293)",
 			encodeAll: encodeFP8All(fp8E5M2), decodeAll: decodeFP8All(fp8E5M2)},
-		{name: "int8_per_token_head", bits: 8, perHead: true, evidence: EvidenceRead,
+		{name: "int8_per_token_head", bits: 8, perHead: true, evidence: EvidenceExecuted,
 			source:     "v1/attention/ops/triton_reshape_and_cache_flash.py:168-283 (_reshape_cache_per_token_head, IS_INT_QUANT)",
 			quantize:   perHeadQuantizer(perHeadInt8),
 			dequantize: perHeadDequantizer(perHeadInt8)},

@@ -41,8 +41,11 @@ import (
 // Not modelled: the query's rotation rounded to the model's dtype.
 // Divisions are IEEE here, div.full.f32 on the GPU (within 2 ulp); the
 // code's x·inv + zp is one fused rounding, as Triton compiles it by
-// default. An odd head_dim is refused, as vLLM asserts (:273).
-var vllmInt4 = &engineFormat{name: "int4_per_token_head", bits: 4, perHead: true, evidence: EvidenceRead,
+// default (Triton's interpreter, which tests/vllm_triton_harness.py runs
+// the write path in, computes it unfused: 2 codes of the vectors differ
+// there, and the test pins both). An odd head_dim is refused, as vLLM
+// asserts (:273).
+var vllmInt4 = &engineFormat{name: "int4_per_token_head", bits: 4, perHead: true, evidence: EvidenceExecuted,
 	source:     "v1/attention/ops/int4_per_token_head.py:64-255 (_reshape_cache_int4_kernel), 856-879 (reshape_and_cache_int4), 1075-1167 (the RHT)",
 	quantizeDT: vllmInt4Quantize, dequantize: vllmInt4Dequantize}
 
