@@ -12,9 +12,11 @@ MSE keys, as attention reads them). tests/test_vllm_formats.py compares kv-compr
 that file, and reruns this harness where triton is importable.
 
 Two things the interpreter does not do as a GPU does, and what is used instead:
-- its fp32 -> float8e4nv cast rounds half up on the first dropped bit and does not saturate, where
-  SM90+ rounds to nearest even and saturates (cvt.rn.satfinite): the FP8 keys (turboquant_k8v4) are
-  recorded as torch's float8_e4m3fn cast after a clamp to +-448, which is that conversion;
+- its fp32 -> float8e4nv cast rounds half up on the first dropped bit, loses the mantissa's carry
+  into an odd exponent (1.9375 gives 1.0; Triton 3.8.0's _convert_float), mishandles subnormals and
+  does not saturate, where SM90+ rounds to nearest even and saturates (cvt.rn.satfinite): the FP8
+  keys (turboquant_k8v4) are recorded as torch's float8_e4m3fn cast after a clamp to +-448, which
+  is that conversion;
 - its tl.sum is numpy's pairwise sum, one of the orders a GPU might take (as torch's CPU norm and
   GEMM are for the store's rotation): the read's sum of squared centroids may differ from
   kv-compress's in-order sum in the last bit, the only difference the comparison allows for there.
