@@ -449,6 +449,7 @@ PTH_FILES = {  # tests/third_party/README.md
     "vllm_per_token_head.py": "0b8ae4dfd46d05849fdc272bbdb6e5392eca78b2cfc774bd60c79e02eeb004f9",
     "vllm_int4_store.py": "28f2430eb11322c34736973ccca2ceee42d60ad67432d91ae6eade53132cd6d3",
     "vllm_int4_rht.py": "9883ea18ef7016e44d2fba770ab4f14b609de51b3d20eece1403fda6df9e6d58",
+    "vllm_reshape_and_cache_flash.py": "73630a68521c5e5bda6612a2bc89f5f241c0c8a3f1d9f66788d999281102bacc",
 }
 PTH = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 
@@ -530,6 +531,35 @@ def test_per_token_head_bytes_are_vllms():
     assert fused == [("vllm_int4_per_token_head_hd96", "layer_0_key", 1, 1), ("vllm_int4_per_token_head_hd80", "layer_0_value", 4, 68)]
 
 
+def test_per_tensor_triton_write_is_kv_compress_for_e4m3():
+    """The Triton backend's per-tensor write (triton_reshape_and_cache_flash, verbatim, in Triton's
+    interpreter; its fp32 -> e4m3 conversion as the GPU's, torch's cast after the clamp) on every
+    per-tensor vector tensor, with its static scale: fp8 and fp8_e4m3 give kv-compress's bytes.
+    fp8_e5m2: that backend views its cache as current_platform.fp8_dtype(), float8_e4m3fn, and
+    writes the e4m3 codes of x / scale, not the e5m2 codes of FlashInfer's CUDA writer, which
+    kv-compress's vllm:fp8_e5m2 follows (its source says so); both are vLLM's, on two backends."""
+    from kvq_reference import decode
+
+    ts = {(c["name"], t["name"]): t for c in VLLM if "error" not in c for t in c["tensors"]
+          if t.get("format", "").removeprefix("vllm:") in vr.PER_TENSOR}
+    got = PTH_ENGINE["per_tensor"]
+    assert sorted((e["case"], e["tensor"]) for e in got) == sorted(ts) and len(got) == 64
+    assert PTH_ENGINE["per_tensor_codes_the_interpreters_own_cast_changes"] == {"bytes": 1887, "of": 28800}
+    calibrated = 0
+    for e in got:
+        t = ts[(e["case"], e["tensor"])]
+        assert t["format"] == f"vllm:{e['format']}"
+        calibrated += e["scale"] != 1.0
+        if e["format"] != "fp8_e5m2":
+            assert t["parts"][".codes"] == e["hex"], (e["case"], e["tensor"])
+            continue
+        x = decode(bytes.fromhex(t["input_hex"]), t["dtype"])
+        with np.errstate(over="ignore"):
+            e4m3 = vr.fp8_codes(x / F32(e["scale"]), "fp8_e4m3").tobytes().hex()
+        assert e["hex"] == e4m3 != t["parts"][".codes"], (e["case"], e["tensor"])
+    assert calibrated == 6  # the three formats' calibrated cases, K and V
+
+
 def test_per_token_head_harness_reruns(monkeypatch):
     """Where triton is installed, vLLM's writers run again (in Triton's interpreter) and give the
     recorded output."""
@@ -538,8 +568,12 @@ def test_per_token_head_harness_reruns(monkeypatch):
     import vllm_triton_harness as h
 
     picked = [c for c in VLLM if c["name"] in ("vllm_int8_per_token_head_bf16_hd128", "vllm_fp8_per_token_head_past_the_range",
-                                                "vllm_per_role", "vllm_int4_per_token_head_hd96", "vllm_int4_per_token_head_f16_hd256")]
+                                                "vllm_per_role", "vllm_int4_per_token_head_hd96", "vllm_int4_per_token_head_f16_hd256",
+                                                "vllm_fp8_e4m3_calibrated", "vllm_fp8_e5m2_bf16_hd64")]
     got = h.build(picked)
-    recorded = [e for e in PTH_ENGINE["tensors"] if e["case"] in {c["name"] for c in picked}]
+    names = {c["name"] for c in picked}
+    recorded = [e for e in PTH_ENGINE["tensors"] if e["case"] in names]
     assert got["tensors"] == recorded and len(recorded) == 8
+    recorded = [e for e in PTH_ENGINE["per_tensor"] if e["case"] in names]
+    assert got["per_tensor"] == recorded and len(recorded) == 5
     assert got["fp8_codes_the_interpreters_own_cast_changes"]["bytes"] > 0
