@@ -308,3 +308,21 @@ def test_an_engine_sweep_shows_prefix_mode_beside_write(tiny_dir, tmp_path, caps
     assert "; prefix mode " in capsys.readouterr().out
     with pytest.raises(ValueError, match="beside 'write'"):
         run_sweep(["llama.cpp:q8_0"], mode="write", beside="write", **kw)
+
+
+def test_engine_tables_count_a_skipped_layer_at_the_serving_dtype():
+    """A layer TurboQuant keeps exact is stored by the engine in the model's 16-bit dtype: a float32 CPU
+    run keeps it in float32, which the engine table must not count (kvlib.runs.engines.engine_bits)."""
+    from kvlib.runs.engines import engine_bits, engine_tables
+    from kvlib.runs.sweep import SchemeResult
+
+    tensors = [{"scheme": "none", "num_elements": 100, "bits_per_element": 32},
+               {"scheme": "vllm:turboquant_k4_nc", "num_elements": 300, "bits_per_element": 4.125}]
+    s = SchemeResult(name="vllm:turboquant_4bit_nc", spec="vllm:turboquant_4bit_nc", kind="kvq", mode="write",
+                     bits_per_element=(100 * 32 + 300 * 4.125) / 400, compression={"tensors": tensors})
+    assert engine_bits(s) == (100 * 16 + 300 * 4.125) / 400
+    row = engine_tables([s], "write")["vllm"]["rows"][0]
+    assert row["bits_per_element"] == engine_bits(s) and row["stored_bits_per_element"] == s.bits_per_element
+    s.compression["tensors"][0]["bits_per_element"] = 16  # a bf16 or fp16 run stores what the engine stores
+    s.bits_per_element = (100 * 16 + 300 * 4.125) / 400
+    assert engine_bits(s) == s.bits_per_element

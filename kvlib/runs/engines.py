@@ -18,6 +18,21 @@ def _scales(name: str, static: bool) -> str:
     return "calibrated k_scale/v_scale in the checkpoint" if name.endswith(CALIBRATED) else "1.0 (none in the checkpoint)"
 
 
+MODEL_DTYPE_BITS = 16.0  # a layer an engine skips stores the model's dtype (fp16/bf16 when serving)
+
+
+def engine_bits(s: Any) -> float:
+    """Bits per element as the engine stores the cache: kvlib's stored bits, but a tensor kept exact
+    (a layer vLLM's TurboQuant or --kv-cache-dtype-skip-layers skips: method ``none``) at the model's
+    16-bit serving dtype, where a float32 CPU run keeps it in float32."""
+    tensors = (s.compression or {}).get("tensors") or []
+    if not any(t.get("scheme") == "none" and t.get("bits_per_element", 0) > MODEL_DTYPE_BITS for t in tensors):
+        return s.bits_per_element
+    bits = sum(t["num_elements"] * (min(t["bits_per_element"], MODEL_DTYPE_BITS) if t.get("scheme") == "none"
+                                    else t["bits_per_element"]) for t in tensors)
+    return bits / sum(t["num_elements"] for t in tensors)
+
+
 def _beside(s: Any) -> dict[str, Any]:
     """An option's numbers in the other mode (prefix beside write): the gated delta, its CI, verdict."""
     return {"mode": s.mode, "context_delta": s.context_delta, "ci_low": s.ci_low, "ci_high": s.ci_high,
@@ -44,7 +59,8 @@ def engine_tables(schemes: list[Any], mode: str, beside: list[Any] = ()) -> dict
         t["rows"].append({
             "option": s.name, "flags": row["flags"],
             "scales": _scales(s.name, row["key_scheme"].get("scale", 0) > 0),
-            "bits_per_element": s.bits_per_element, "context_delta": s.context_delta, "ci_low": s.ci_low,
+            "bits_per_element": engine_bits(s), "stored_bits_per_element": s.bits_per_element,
+            "context_delta": s.context_delta, "ci_low": s.ci_low,
             "ci_high": s.ci_high, "kld_mean": s.kld_mean, "top1_agreement": s.top1_agreement,
             "verdict": s.verdict_text, "robust": s.robust, "evidence": row["evidence"],
             "saturated": sum(s.layer_key_saturated) + sum(s.layer_value_saturated),

@@ -31,10 +31,10 @@ from typing import Any, Callable, Sequence
 from kvlib.budget.plan import calibration_tokens, sensitivity_table
 from kvlib.codec.spec import engine_menu, resolve_codec
 from kvlib.gates import PPL_DELTA_THRESHOLD
+from kvlib.runs.engines import MODEL_DTYPE_BITS
 from kvlib.runs.setup import RunParams, prepare_run
 from kvlib.runs.sweep import model_geometry
 
-MODEL_DTYPE_BITS = 16.0  # a layer an engine skips stores the model's dtype (fp16/bf16 when serving)
 
 
 @dataclass(frozen=True)
