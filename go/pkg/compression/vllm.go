@@ -23,7 +23,13 @@ import (
 // divided by the scale (an IEEE float32 division), converted with
 // __nv_cvt_float_to_fp8(..., __NV_SATFINITE, E4M3|E5M2): round to nearest
 // even, finite values beyond the largest (448, 57344) and infinities to
-// the largest. The read multiplies by the scale (float32).
+// the largest. The read multiplies by the scale (float32). The Triton
+// attention backend writes with triton_reshape_and_cache_flash
+// (v1/attention/ops/triton_reshape_and_cache_flash.py:377-482): the same
+// division and a saturating conversion, but into a cache it views as
+// current_platform.fp8_dtype(), float8_e4m3fn, whatever the flag
+// (v1/attention/backends/triton_attn.py:542, 826-831): its fp8_e5m2 bytes
+// are e4m3 codes, not modelled (tests/vllm_triton_harness.py runs it).
 //
 // Per-token-head (int8_per_token_head, fp8_per_token_head): the Triton
 // kernel _reshape_cache_per_token_head
@@ -90,9 +96,17 @@ var vllm = &engine{
 				"F32 caches. Not run: the read (fused in vLLM's attention kernel) and a GPU (hadacore or the Triton Hadamard " +
 				"through bfloat16, div.full.f32)"
 		}
-		return "read: from the pinned source (file cited); tests/vllm_reference.py, the NumPy reference written from it, pins the " +
-			"codec bit for bit (tests/vectors/engine_vectors.json), its float8 casts checked against torch's; vLLM's CUDA and " +
-			"Triton writers have not run on these bytes (no GPU here)"
+		d := "read: from the pinned source (file cited); tests/vllm_reference.py, the NumPy reference written from it, pins the " +
+			"codec bit for bit (tests/vectors/engine_vectors.json), its float8 casts checked against torch's; vLLM's CUDA " +
+			"writer has not run on these bytes (no GPU here). The Triton backend's writer (triton_reshape_and_cache_flash, " +
+			"verbatim in tests/third_party/vllm_reshape_and_cache_flash.py) ran in Triton 3.8.0's interpreter on every vector " +
+			"tensor of the format (tests/vllm_triton_harness.py), its fp32 -> e4m3 conversion made torch's cast after the " +
+			"clamp (SM89+'s cvt.rn.satfinite; the interpreter's own is not the GPU's), "
+		if f.name == "fp8_e5m2" {
+			return d + "and wrote the e4m3 codes of x/scale: that backend views an fp8_e5m2 cache as float8_e4m3fn; " +
+				"kv-compress writes e5m2 as FlashInfer's CUDA writer does"
+		}
+		return d + "and gave kv-compress's bytes: its division executed, the conversion read"
 	},
 	formats: []*engineFormat{
 		{name: "fp8", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, evidence: EvidenceRead,
