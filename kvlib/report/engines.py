@@ -1,0 +1,112 @@
+"""The engine tables of saved ``kv-validate --engine`` runs as markdown, for docs/: each engine's
+options with their flags, bits, both modes' deltas and the verdict, then the cheapest option each
+engine passes with. Runs of different engines (``--engine llama.cpp``, ``--engine vllm``, ...)
+merge into one summary.
+
+``python -m kvlib.report.engines RUN.json [RUN.json ...]`` prints it. The tables are recomputed
+from each run's schemes by the code that prints them (kvlib.runs.engines), so a saved run reads
+as the current code reads it (bits as the engine stores them, for one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from typing import Any
+
+from kvlib.runs.engines import engine_tables
+from kvlib.runs.sweep import SchemeResult
+
+_FLOATS = {f.name for f in dataclasses.fields(SchemeResult) if f.type in ("float", float)}
+
+
+def scheme_of(d: dict[str, Any]) -> SchemeResult:
+    """A saved scheme row (JSON: NaN saved as null) as the SchemeResult it was."""
+    known = {f.name for f in dataclasses.fields(SchemeResult)}
+    return SchemeResult(**{k: (math.nan if v is None and k in _FLOATS else v) for k, v in d.items() if k in known})
+
+
+def tables_of(run: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's engine tables, recomputed from its schemes; each row keeps the other mode's
+    numbers the run saved beside it."""
+    tables = engine_tables([scheme_of(s) for s in run["schemes"]], run["mode"])
+    saved = {r["option"]: r for t in (run.get("engines") or {}).values() for r in t["rows"]}
+    for t in tables.values():
+        for r in t["rows"]:
+            if "beside" in saved.get(r["option"], {}):
+                r["beside"] = saved[r["option"]]["beside"]
+        t["windows"], t["model"] = run["windows"], run["model"]
+    return tables
+
+
+def _num(v: Any, spec: str) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec).replace("-", "−")
+
+
+def _ci(lo: Any, hi: Any) -> str:
+    return f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]"
+
+
+def _row(r: dict[str, Any], cheapest: str | None) -> str:
+    flags = f"`{r['flags']}`"
+    name = f"**`{r['option']}`**" if r["option"] == cheapest else f"`{r['option']}`"
+    if r.get("unavailable"):
+        return f"| {name} | {flags} | – | – | – | – | – | – | unavailable for this model: {r['unavailable']} | – |"
+    b = r.get("beside")
+    other = f"{_num(b['context_delta'], '+.4f')} {_ci(b['ci_low'], b['ci_high'])}" if b else "not run"
+    verdict = r["verdict"] + (f": cheapest in {r['option'].split(':')[0]}" if r["option"] == cheapest else "")
+    return (f"| {name} | {flags} | {r.get('scales') or '–'} | {r['bits_per_element']:.3g} | "
+            f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} | {_num(r['kld_mean'], '.5f')} | "
+            f"{_num(r['top1_agreement'], '.1f')} % | {r.get('saturated', 0) or '–'} | {verdict} | {other} |")
+
+
+def markdown(tables: dict[str, Any]) -> str:
+    """Each engine's table (passing options by bits, then the failing, then the unavailable), and
+    with more than one engine, the cheapest passing option of each."""
+    out = []
+    for engine, t in tables.items():
+        rows = sorted(t["rows"], key=lambda r: (bool(r.get("unavailable")), not r.get("robust"),
+                                                r.get("bits_per_element", 0), r.get("context_delta", 0)))
+        out += [f"**{engine}** ({t['version']}; {t['model']}, {t['windows']} windows, verdict in {t['mode']} mode):", "",
+                "| option | flags | static scales | bits/el | Δ gated [95 % CI] | KLD | top-1 | clamped | verdict | "
+                f"Δ gated, {'prefix' if t['mode'] == 'write' else 'write'} mode [95 % CI] |",
+                "|---|---|---|---|---|---|---|---|---|---|", *(_row(r, t["cheapest"]) for r in rows), ""]
+    best = sorted(((next(r for r in t["rows"] if r["option"] == t["cheapest"]), e) for e, t in tables.items()
+                   if t["cheapest"]), key=lambda x: (x[0]["bits_per_element"], x[0]["context_delta"]))
+    if len(tables) > 1:
+        out += ["| engine | cheapest option that passes robustly | flags | bits/el | Δ gated [95 % CI] |",
+                "|---|---|---|---|---|"]
+        out += [f"| {e} | `{r['option']}` | `{r['flags']}` | {r['bits_per_element']:.3g} | "
+                f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} |" for r, e in best]
+        out += [f"| {e} | none passes robustly | | | |" for e, t in tables.items() if not t["cheapest"]]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m kvlib.report.engines RUN.json [RUN.json ...] (kv-validate --engine ... --json)",
+              file=sys.stderr)
+        return 2
+    tables: dict[str, Any] = {}
+    for p in paths:
+        try:
+            with open(p) as f:
+                run = json.load(f)
+            found = tables_of(run)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"kvlib.report.engines: {p}: not a saved kv-validate --engine run ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return 2
+        if set(found) & set(tables):
+            print(f"kvlib.report.engines: {p}: engine {sorted(set(found) & set(tables))[0]} is in two runs", file=sys.stderr)
+            return 2
+        tables.update(found)
+    print(markdown(tables), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
