@@ -129,6 +129,16 @@ def _caches(kv_cache):
     return key_cache[..., :hs], value_cache[..., :hs], k_scale, v_scale
 
 
+def _by_token(x: np.ndarray, dtype: str):
+    """A [batch, heads, tokens, head_dim] tensor as the cache's dtype, [batch * tokens, heads, head_dim]:
+    the layout vLLM's writers take (one row a token)."""
+    import torch
+
+    b, h, t, d = x.shape
+    tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dtype]
+    return torch.from_numpy(np.ascontiguousarray(x)).to(tdt).permute(0, 2, 1, 3).reshape(b * t, h, d).contiguous()
+
+
 def run_layer(key: np.ndarray, value: np.ndarray, dtype: str, fmt: str, gpu_fp8: bool = True) -> dict[str, np.ndarray]:
     """One layer's K and V ([batch, heads, tokens, head_dim] float32 values of a cache of ``dtype``)
     through vLLM's writer for ``fmt``. Returns per role the stored bytes of each head vector ([codes |
@@ -136,12 +146,9 @@ def run_layer(key: np.ndarray, value: np.ndarray, dtype: str, fmt: str, gpu_fp8:
     import torch
 
     pth, int4, _ = modules()
-    tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dtype]
     b, h, t, d = key.shape
-    n = b * t
-    blocks = (n + BLOCK - 1) // BLOCK
-    k = torch.from_numpy(np.ascontiguousarray(key)).to(tdt).permute(0, 2, 1, 3).reshape(n, h, d).contiguous()
-    v = torch.from_numpy(np.ascontiguousarray(value)).to(tdt).permute(0, 2, 1, 3).reshape(n, h, d).contiguous()
+    n, blocks = b * t, (b * t + BLOCK - 1) // BLOCK
+    k, v = _by_token(key, dtype), _by_token(value, dtype)
     hs = d // 2 if fmt == "int4_per_token_head" else d
     # STR_DTYPE_TO_TORCH_DTYPE (utils/torch_utils.py:50-52): int8 for int8, uint8 for fp8 and int4
     cache_dtype = torch.int8 if fmt == "int8_per_token_head" else torch.uint8
@@ -172,12 +179,9 @@ def run_per_tensor(key: np.ndarray, value: np.ndarray, dtype: str, fmt: str, k_s
     import torch
 
     flash = modules()[2]
-    tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dtype]
     b, h, t, d = key.shape
-    n = b * t
-    blocks = (n + BLOCK - 1) // BLOCK
-    k = torch.from_numpy(np.ascontiguousarray(key)).to(tdt).permute(0, 2, 1, 3).reshape(n, h, d).contiguous()
-    v = torch.from_numpy(np.ascontiguousarray(value)).to(tdt).permute(0, 2, 1, 3).reshape(n, h, d).contiguous()
+    n, blocks = b * t, (b * t + BLOCK - 1) // BLOCK
+    k, v = _by_token(key, dtype), _by_token(value, dtype)
     # do_kv_cache_update (triton_attn.py:826-831): the (num_blocks, heads, block_size, 2 * head_size)
     # cache split into K and V and viewed as the platform's fp8 dtype
     kv_cache = torch.zeros(blocks, h, BLOCK, 2 * d, dtype=torch.uint8)
