@@ -193,8 +193,19 @@ bench: setup
 # the model (pinned and pageable), every configuration checked to give the same numbers.
 # GPU_BENCH_ARGS e.g. "--dtype float32 --windows 21" or "--config config.json --ids ids.pt" (random weights).
 GPU_BENCH_ARGS ?=
+# Then RULER past what this CPU does (16K and 32K on Qwen2.5-Coder-0.5B, 32K context; docs/ruler.md), only
+# where CUDA is there (on a CPU that is hours): `make ruler` on the GPU, its report and JSON in reports/.
+# GPU_RULER_LENGTHS= skips it.
+GPU_RULER_MODEL   ?= qwen2.5-coder-0.5b
+GPU_RULER_LENGTHS ?= 16384,32768
+GPU_RULER_SCHEMES ?= all
 bench-gpu: setup
 	$(PY) benchmarks/gpu_sweep.py --model $(MODEL) --corpus $(CORPUS) $(GPU_BENCH_ARGS)
+	@if [ -z "$(GPU_RULER_LENGTHS)" ]; then exit 0; fi; \
+	if ! $(PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
+	  echo "make bench-gpu: RULER at $(GPU_RULER_LENGTHS) skipped: no CUDA device here"; exit 0; fi; \
+	$(MAKE) --no-print-directory ruler MODEL=$(GPU_RULER_MODEL) RULER_LENGTHS=$(GPU_RULER_LENGTHS) \
+	  RULER_SCHEMES=$(GPU_RULER_SCHEMES) DEVICE=cuda
 
 # llama.cpp beside kvlib: llama-perplexity built once from the pinned sdist (peers/llamacpp.txt; cmake and a C/C++
 # compiler, not part of setup), then both sides on the same GGUF, text and chunks (docs/engines.md).
