@@ -1,11 +1,13 @@
 """NumPy reference of SGLang 0.5.10.post1's KV-cache formats (kv-compress's sglang:fp8_e4m3,
 sglang:fp8_e5m2 and sglang:fp4_e2m1), for the shared vectors; tests/test_sglang_formats.py checks it and the CLI against
-torch's own casts, which are what SGLang calls. Production code never imports it.
+SGLang's own code (tests/third_party/) and torch's casts. Production code never imports it.
 
-MHATokenToKVPool.set_kv_buffer (srt/mem_cache/memory_pool.py:995-1030): with a checkpoint k_scale,
-cache_k.div_(k_scale) in the cache's dtype (the scale rounded to it, the quotient computed in float32
-and rounded to it); without one, nothing; then .to(float8): round to nearest even, not saturating
-(e4m3fn: NaN past 464; e5m2: Inf from 61440). The read multiplies by the float32 scale.
+MHATokenToKVPool.set_kv_buffer (srt/mem_cache/memory_pool.py:995-1032): with a checkpoint k_scale,
+cache_k.div_(k_scale) in the cache's dtype (the scale rounded to it, as CUDA's division kernel loads
+it, the quotient computed in float32 and rounded to it); without one, nothing; then .to(float8) as
+torch 2.9.1, which SGLang requires, casts: round to nearest even, not saturating (e4m3fn: NaN past
+464; e5m2: Inf from 61440; torch 2.12 on saturates e4m3 to 448). The read multiplies by the float32
+scale.
 """
 
 from __future__ import annotations

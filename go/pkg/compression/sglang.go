@@ -9,25 +9,32 @@ import (
 // SGLang's FP8 KV-cache formats (--kv-cache-dtype fp8_e4m3, fp8_e5m2), as
 // SGLang 0.5.10.post1 writes them (the wheel
 // sglang-0.5.10.post1-py3-none-any; paths relative to its sglang/ package;
-// it pins torch 2.9.1).
+// it requires torch==2.9.1).
 //
 // The write, MHATokenToKVPool.set_kv_buffer (srt/mem_cache/memory_pool.py:
-// 995-1030), for the flashinfer, fa3 and triton backends: when the layer
+// 995-1032), for the flashinfer, fa3 and triton backends: when the layer
 // has a k_scale (a quantized checkpoint's; srt/layers/quantization/
 // kv_cache.py:47-81, 1.0 when it names none), cache_k.div_(k_scale) in the
-// model's dtype (the scale rounded to that dtype, the quotient computed in
-// float32 and rounded to it); an unquantized checkpoint has no k_scale
+// model's dtype: k_scale is a 0-dim float32 Parameter on the GPU, which
+// CUDA's division kernel loads as the cache's dtype (torch 2.9.1's
+// ATen/native/cuda/Loops.cuh:195-197, DivFunctor<scalar_t>), so the scale
+// is rounded to that dtype and the quotient computed in float32 and
+// rounded to it; an unquantized checkpoint has no k_scale
 // (srt/layers/radix_attention.py:83-92) and nothing is divided. Then a
 // plain torch cast, .to(torch.float8_e4m3fn) or .to(torch.float8_e5m2):
-// c10's fp8e4m3fn_from_fp32_value and fp8e5m2_from_fp32_value
-// (c10/util/Float8_e4m3fn.h, Float8_e5m2.h), round to nearest even and NOT
-// saturating: an e4m3 value past 464 becomes NaN, an e5m2 value from 61440
-// on becomes Inf. kv-compress keeps those, as the engine does, and counts
-// them (non_finite). The read multiplies by the scale (float32).
-// tests/test_sglang_formats.py runs torch's own division and cast on the
-// same caches: the bytes agree, except that this CPU build of torch (2.13)
-// saturates e4m3 values past 464, where the CUDA conversion above gives
-// NaN. Not modelled: the fused Triton writer of the trtllm_mha backend
+// torch 2.9.1's fp8e4m3fn_from_fp32_value and fp8e5m2_from_fp32_value
+// (torch/headeronly/util/Float8_e4m3fn.h:170-232, Float8_e5m2.h), round to
+// nearest even and NOT saturating: an e4m3 value past 464 (or Inf) becomes
+// NaN, an e5m2 value from 61440 on becomes Inf. kv-compress keeps those, as
+// the engine does, and counts them (non_finite). torch 2.12 on saturates
+// e4m3 to 448 instead (pytorch#178817), on CPU and GPU alike: SGLang on a
+// later torch than it requires would write 0x7e there. The read multiplies
+// by the scale (float32), inside the attention kernels; the torch_native
+// backend writes without a scale and reads with a cast to the query's
+// dtype (srt/layers/attention/torch_native_backend.py:117-190).
+// tests/test_sglang_formats.py runs SGLang's own set_kv_buffer and that
+// read (tests/third_party/, verbatim) on the vector caches and the CLI's.
+// Not modelled: the fused Triton writer of the trtllm_mha backend
 // (Blackwell, e4m3 only), which saturates (srt/layers/attention/
 // trtllm_fp8_kv_kernel.py:71-74). fp4_e2m1 is in kvfp4.go.
 var sglang = &engine{
@@ -43,17 +50,30 @@ var sglang = &engine{
 				"(tests/make_engine_vectors.py) and tests/vectors/engine_vectors.json holds its bytes, which the codec reproduces; " +
 				"compiled on CUDA it may differ from the CPU run only for a float32 block max within a few ulp above 6·2^k"
 		}
-		return "read, and run where torch can run it: the write is torch's (a division in the cache's dtype, then " +
-			".to(float8)); tests/test_sglang_formats.py runs that on the same caches with this CPU torch and agrees byte " +
-			"for byte except past e4m3's range, where CPU torch 2.13 saturates and the CUDA cast SGLang runs (c10, read) " +
-			"gives NaN; SGLang's own Python was read (files cited), not run (its wheel needs CUDA)"
+		d := "executed: SGLang's own MHATokenToKVPool.set_kv_buffer and _set_kv_buffer_impl (srt/mem_cache/memory_pool.py:" +
+			"89-123, 967-1032, verbatim in tests/third_party/sglang_memory_pool.py: the division by k_scale, .to(float8), the " +
+			"uint8 store) ran under torch 2.13 on the CPU on every vector case (F32, F16, BF16; head_dim 64, 128, 256; a " +
+			"checkpoint scale; values past the range) and on caches the CLI compressed (scales that push values past the " +
+			"range too), and wrote kv-compress's bytes; its scale was handed over in the cache's dtype, as the GPU's division " +
+			"kernel reads the float32 k_scale (the CPU's divides by the float32 value: other bytes, measured). "
+		if f.name == "fp8_e4m3" {
+			d += "Past 464 torch 2.13 saturates to 448 where torch 2.9.1, which SGLang requires, gives NaN (its " +
+				"fp8e4m3fn_from_fp32_value, read in the 2.9.1 wheel's headers; pytorch#178817 changed it): kv-compress " +
+				"writes NaN, and the test checks those bytes are exactly the values past 464. "
+		} else {
+			d += "torch 2.9.1's e5m2 cast is 2.13's (Inf from 61440 on, read in both wheels' headers). "
+		}
+		return d + "The pool's get_key_buffer and, unscaled, the torch_native backend's decode read (torch_native_backend.py:" +
+			"117-190, verbatim) read kv-compress's bytes back as it reconstructs them. Not run: SGLang on a GPU (torch " +
+			"2.9.1, the store_cache JIT copy), and the flashinfer, fa3 and triton attention kernels that read the cache and " +
+			"multiply by the scale"
 	},
 	formats: []*engineFormat{
-		{name: "fp8_e4m3", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, evidence: EvidenceRead,
-			source:    "srt/mem_cache/memory_pool.py:995-1030 (set_kv_buffer: div_, .to); c10/util/Float8_e4m3fn.h",
+		{name: "fp8_e4m3", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 448, evidence: EvidenceExecuted,
+			source:    "srt/mem_cache/memory_pool.py:995-1032 (set_kv_buffer: div_, .to); torch 2.9.1 c10/util/Float8_e4m3fn.h",
 			encodeAll: encodeTorchFP8All(fp8E4M3), decodeAll: decodeFP8All(fp8E4M3)},
-		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 57344, evidence: EvidenceRead,
-			source:    "srt/mem_cache/memory_pool.py:995-1030 (set_kv_buffer: div_, .to); c10/util/Float8_e5m2.h",
+		{name: "fp8_e5m2", bits: 8, elems: 1, bytes: 1, scaled: true, scaleMax: 57344, evidence: EvidenceExecuted,
+			source:    "srt/mem_cache/memory_pool.py:995-1032 (set_kv_buffer: div_, .to); torch 2.9.1 c10/util/Float8_e5m2.h",
 			encodeAll: encodeTorchFP8All(fp8E5M2), decodeAll: decodeFP8All(fp8E5M2)},
 		{name: "fp4_e2m1", bits: 4, elems: kvfp4Block, bytes: kvfp4Bytes, evidence: EvidenceExecuted,
 			source:   "srt/layers/quantization/kvfp4_tensor.py:32-112 (KVFP4QuantizeUtil); srt/mem_cache/memory_pool.py:1084-1225 (MHATokenToKVPoolFP4)",
