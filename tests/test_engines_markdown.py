@@ -54,3 +54,12 @@ def test_markdown_lists_both_modes_the_unavailable_and_the_cheapest(tmp_path, ca
     assert main([str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.json: not a saved kv-validate --engine run" in err
+
+
+def test_a_run_of_one_mode_has_no_empty_column_for_the_other():
+    from kvlib.report.sweep import engine_tables as html_tables
+
+    run = _run([_scheme("llama.cpp:q5_0", 5.5, 0.129, 0.169)])
+    assert "mode [95 % CI]" not in markdown(tables_of(run)) and "not run" not in markdown(tables_of(run))
+    page = html_tables(run).data
+    assert "mode [CI]" not in page and "not run" not in page

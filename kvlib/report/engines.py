@@ -49,17 +49,19 @@ def _ci(lo: Any, hi: Any) -> str:
     return f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]"
 
 
-def _row(r: dict[str, Any], cheapest: str | None) -> str:
+def _row(r: dict[str, Any], cheapest: str | None, beside: bool = True) -> str:
     flags = f"`{r['flags']}`"
     name = f"**`{r['option']}`**" if r["option"] == cheapest else f"`{r['option']}`"
     if r.get("unavailable"):
-        return f"| {name} | {flags} | – | – | – | – | – | – | unavailable for this model: {r['unavailable']} | – |"
+        return (f"| {name} | {flags} | – | – | – | – | – | – | unavailable for this model: {r['unavailable']} |"
+                + (" – |" if beside else ""))
     b = r.get("beside")
     other = f"{_num(b['context_delta'], '+.4f')} {_ci(b['ci_low'], b['ci_high'])}" if b else "not run"
     verdict = r["verdict"] + (f": cheapest in {r['option'].split(':')[0]}" if r["option"] == cheapest else "")
     return (f"| {name} | {flags} | {r.get('scales') or '–'} | {r['bits_per_element']:.3g} | "
             f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} | {_num(r['kld_mean'], '.5f')} | "
-            f"{_num(r['top1_agreement'], '.1f')} % | {r.get('saturated', 0) or '–'} | {verdict} | {other} |")
+            f"{_num(r['top1_agreement'], '.1f')} % | {r.get('saturated', 0) or '–'} | {verdict} |"
+            + (f" {other} |" if beside else ""))
 
 
 def markdown(tables: dict[str, Any]) -> str:
@@ -69,10 +71,12 @@ def markdown(tables: dict[str, Any]) -> str:
     for engine, t in tables.items():
         rows = sorted(t["rows"], key=lambda r: (bool(r.get("unavailable")), not r.get("robust"),
                                                 r.get("bits_per_element", 0), r.get("context_delta", 0)))
+        beside = any("beside" in r for r in rows)
+        other = f" Δ gated, {'prefix' if t['mode'] == 'write' else 'write'} mode [95 % CI] |" if beside else ""
         out += [f"**{engine}** ({t['version']}; {t['model']}, {t['windows']} windows, verdict in {t['mode']} mode):", "",
-                "| option | flags | static scales | bits/el | Δ gated [95 % CI] | KLD | top-1 | clamped | verdict | "
-                f"Δ gated, {'prefix' if t['mode'] == 'write' else 'write'} mode [95 % CI] |",
-                "|---|---|---|---|---|---|---|---|---|---|", *(_row(r, t["cheapest"]) for r in rows), ""]
+                "| option | flags | static scales | bits/el | Δ gated [95 % CI] | KLD | top-1 | clamped | verdict |" + other,
+                "|---|---|---|---|---|---|---|---|---|" + ("---|" if beside else ""),
+                *(_row(r, t["cheapest"], beside) for r in rows), ""]
     best = sorted(((next(r for r in t["rows"] if r["option"] == t["cheapest"]), e) for e, t in tables.items()
                    if t["cheapest"]), key=lambda x: (x[0]["bits_per_element"], x[0]["context_delta"]))
     if len(tables) > 1:

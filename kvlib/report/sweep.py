@@ -146,7 +146,8 @@ def ranked_rows(result: SweepResult | dict[str, Any]) -> list[list[str]]:
     rows = []
     for s in _as_dict(result)["schemes"]:
         if s.get("error"):
-            rows.append([s["name"], *["–"] * (len(HEADERS) - 2), f"not run: {s['error']}"])
+            why = s["error"] if s["error"].startswith("unavailable") else f"not run: {s['error']}"
+            rows.append([s["name"], *["–"] * (len(HEADERS) - 2), why])
             continue
         verdict = ("PASS (robust)" if s["robust"] else "PASS (CI crosses gate)") if s["passed"] else "FAIL"
         rows.append([
@@ -182,6 +183,8 @@ def ranked_table(result: SweepResult | dict[str, Any]):
     body = ""
     for s, row in zip(r["schemes"], ranked_rows(r)):
         color = "#1a7f37" if s.get("robust") else ("#9a6700" if s.get("passed") else "#cf222e")
+        if (s.get("error") or "").startswith("unavailable"):  # the engine refuses it for this model: no verdict
+            color = "#777"
         cells = f'<th style="text-align:left" title="{html.escape(s["spec"])}">{html.escape(row[0])}</th>'
         cells += "".join(f'<td style="text-align:right;white-space:nowrap">{html.escape(c)}</td>' for c in row[1:-1])
         cells += f'<td style="color:{color};font-weight:600">{html.escape(row[-1])}</td>'
@@ -199,31 +202,34 @@ def engine_tables(result: SweepResult | dict[str, Any]):
     tables = _as_dict(result).get("engines") or {}
     out = ""
     for engine, t in tables.items():
-        rows = "".join(_engine_row(r) for r in t["rows"])
+        beside = any("beside" in r for r in t["rows"])
+        rows = "".join(_engine_row(r, beside) for r in t["rows"])
         best = (f"<b>{html.escape(t['cheapest'])}</b>: {html.escape(t['cheapest_flags'])}" if t["cheapest"]
                 else "none passes robustly")
         out += (f"<h4>{html.escape(engine)} <small>({html.escape(t['version'])}, {t['mode']} mode)</small></h4>"
                 f"<table class='kvlib-engine-table' style='font-size:12.5px'><thead><tr><th style='text-align:left'>option"
                 f"</th><th style='text-align:left'>flags</th><th style='text-align:left'>static scales</th><th>bits/el</th><th>Δ gated</th><th>CI</th><th>KLD</th>"
-                f"<th>top-1</th><th>clamped</th><th style='text-align:left'>verdict ({t['mode']} mode)</th><th>Δ gated, "
-                f"{'prefix' if t['mode'] == 'write' else 'write'} mode [CI]</th></tr></thead><tbody>{rows}"
+                f"<th>top-1</th><th>clamped</th><th style='text-align:left'>verdict ({t['mode']} mode)</th>"
+                + (f"<th>Δ gated, {'prefix' if t['mode'] == 'write' else 'write'} mode [CI]</th>" if beside else "")
+                + f"</tr></thead><tbody>{rows}"
                 f"</tbody></table><p>Cheapest option that passes in {html.escape(engine)}: {best}</p>")
     return HTML(out)
 
 
-def _engine_row(r: dict[str, Any]) -> str:
-    """One option's row; an option the engine refuses for this model spans the numbers with its reason."""
+def _engine_row(r: dict[str, Any], beside: bool = True) -> str:
+    """One option's row; an option the engine refuses for this model spans the numbers with its reason;
+    ``beside``: the table has the other mode's column."""
     head = (f"<tr><th style='text-align:left'>{html.escape(r['option'])}</th><td style='text-align:left'><code>"
             f"{html.escape(r['flags'])}</code></td><td style='text-align:left'>{html.escape(r.get('scales', ''))}</td>")
     if r.get("unavailable"):
-        return (head + "<td colspan='6' style='text-align:left;color:#777'>–</td><td colspan='2' style='text-align:left;"
-                f"color:#777'>unavailable for this model: {html.escape(r['unavailable'])}</td></tr>")
+        return (head + "<td colspan='6' style='text-align:left;color:#777'>–</td><td colspan='" + ("2" if beside else "1")
+                + f"' style='text-align:left;color:#777'>unavailable for this model: {html.escape(r['unavailable'])}</td></tr>")
     b = r.get("beside")
     other = f"{b['context_delta']:+.4f} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]" if b else "not run"
     return (head + f"<td>{r['bits_per_element']:.3f}</td><td>{r['context_delta']:+.4f}</td>"
             f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{r['kld_mean']:.5f}</td><td>{r['top1_agreement']:.1f}%</td>"
             f"<td>{r['saturated']}</td><td style='text-align:left'>{html.escape(r['verdict'])}</td>"
-            f"<td style='white-space:nowrap'>{other}</td></tr>")
+            + (f"<td style='white-space:nowrap'>{other}</td>" if beside else "") + "</tr>")
 
 
 def _fmt(v: Any) -> str:
