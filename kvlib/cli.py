@@ -31,6 +31,7 @@ from kvlib.runs.knobs import (boundary_check, cheapest_setting, first_fresh_wind
 from kvlib.runs.ruler import print_ruler, run_ruler_suite
 from kvlib.checks.ruler.run import ALL_TASKS, RulerConfig
 from kvlib.runs.validate import KVQUANT_THRESHOLD, run_full_validation, run_quick_test
+from kvlib.transforms.base import peer_transforms
 
 
 _R, _A, _U = RetrievalConfig(), AgreementConfig(), RulerConfig()  # the defaults the help text states
@@ -90,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "bytes that pass")
     p.add_argument("--lossless", action="store_true", help="add kv-compress's lossless stage (smaller files, same results)")
     p.add_argument("--no-peers", action="store_true", help="in a sweep, leave out transformers' QuantizedCache peer")
+    p.add_argument("--peers", metavar="NAME[,NAME]", default=None,
+                   help="in a sweep, which of transformers' QuantizedCache peers run: families (hf-quanto, hf-hqq) or "
+                   "rows (hf-hqq-int4), comma-separated (default hf-quanto; hf-hqq, HQQ's backend, is opt-in: slower, "
+                   "and it refuses caches of some shapes)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model precision (auto: float32 on CPU, float16 on CUDA)")
     p.add_argument("--bits", type=int, default=None, help="code width, 2-8 (overrides the scheme's, both roles)")
@@ -193,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                              "--bits, --group-size and --sparsity")
         if args.knobs:
             return search_knobs(args)
+        if args.peers is not None:
+            if args.no_peers:
+                raise ValueError("--peers and --no-peers: give one")
+            peer_transforms(args.peers)  # an unknown name fails here, naming the choices
         specs = list(args.scheme or [])
         if args.schemes:
             specs += scheme_list(args.schemes)
@@ -237,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             sweep = run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
                               dtype=args.dtype, threshold=args.threshold, stride=args.stride,
                               max_windows=args.max_windows, context_length=args.context_length,
-                              peers=not args.no_peers, verbose=not args.quiet, checks=checks,
+                              peers=False if args.no_peers else (args.peers or True), verbose=not args.quiet,
+                              checks=checks,
                               results=args.results, fresh=args.fresh, ray=args.ray, budget=budgets,
                               calibration=calibration, sensitivity=args.sensitivity, mode=args.mode,
                               calibrate_scales=args.calibrated_scales or bool(args.engine), transfer=args.transfer,

@@ -44,7 +44,8 @@ from kvlib.scoring.provenance import RunIdentity
 from kvlib.scoring.stats import KLDSummary, bootstrap_delta_ci
 from kvlib.scoring.store import ResultsStore, unit_key
 from kvlib.scoring.units import ScoringPlan, decode, encode
-from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
+from kvlib.transforms.base import (CodecRoundtrip, PeerSelection, checked_peers, peer_transforms, peers_unavailable,
+                                  select_peers)
 from kvlib.transforms.codec import cache_transforms
 from kvlib.transforms.engine import write_key
 
@@ -270,8 +271,8 @@ def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, code
     ``mode`` (kvlib.scoring.perplexity.MODES) enters every unit's key and every result.
     ``first_window``: score the ``max_windows`` windows from that index on (the same units as a run
     over all of them holds for those windows)."""
-    missing_peer = peers_unavailable() if peers else None
-    peer_list = peer_transforms() if peers else []
+    missing_peer = peers_unavailable(peers) if peers else None
+    peer_list = peer_transforms(peers) if peers else []
     # name -> (kind, spec as shown, spec as keyed): what each transform computes, before any is built
     # the model's architecture (the engines' write path depends on it): given, or the model's config
     architecture = architecture or getattr(getattr(lm, "config", None), "model_type", None)
@@ -346,7 +347,7 @@ def run_sweep(
     stride: int = 512,
     max_windows: int | None = None,
     context_length: int | None = None,
-    peers: bool = True,
+    peers: PeerSelection = True,
     workdir: str | os.PathLike | None = None,
     verbose: bool = True,
     progress: bool | None = None,
@@ -366,6 +367,11 @@ def run_sweep(
     """Compare ``codecs`` (CodecConfigs, preset names or specs; default every
     preset and int4 with the lossless stage) and transformers' QuantizedCache
     over the same windows, then on the retrieval and agreement ``checks``.
+
+    ``peers``: which of transformers' caches run beside them (kvlib.transforms.base.PeerSelection:
+    True the default, ``hf-quanto``; names such as ``"hf-quanto,hf-hqq"``; False none). One that
+    cannot run here or refuses this run's cache shapes is a row saying why; an opt-in one
+    (``hf-hqq``) is left out of the decoding checks.
 
     Every window's units go to the results store ``results`` (default ``$KVLIB_HOME/results``;
     False: none) as they finish and are read back on the next run (``fresh``: ignore them); a
@@ -417,6 +423,11 @@ def run_sweep(
                                 results, fresh), verbose)
     geometry = model_geometry(run)  # a cache kvlib cannot compress fails here, before any window
     resolved, unavailable = drop_refused(resolved, geometry, mode)
+    peers, refused_peers = select_peers(peers, geometry, plan_windows(  # a peer that cannot run: its row says why
+        run.ids.shape[1], run.context_length, stride, None if max_windows is None else first_window + max_windows
+    )[first_window:], mode)
+    unavailable += [SchemeResult(name=t.name, spec=t.spec, kind=t.kind, mode=mode, error=why)
+                    for t, why in refused_peers]
     planned, mixes = None, {}
     if sensitivity:
         resolved, planned, mixes = _add_mixes(run, resolved, cal_cfg, budgets, workdir,
@@ -445,8 +456,8 @@ def run_sweep(
         seconds = time.perf_counter() - t0 - (0.0 if loaded_before else run.model_load_s)
         run.say(f"Units: {timing['units_computed']:.0f} computed, {timing['units_reused']:.0f} read from the store")
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, resolved, checks, workdir or tmp,
-                                                   run.name, run.text.name, peers, progress, store=run.store,
-                                                   identity=run.identity)
+                                                   run.name, run.text.name, checked_peers(peers), progress,
+                                                   store=run.store, identity=run.identity)
         other = score_beside(run, resolved, beside, workdir or tmp, threshold, progress, ray, first_window) if beside else []
     for s in schemes:
         for k, v in readings(s.name, retrieval, agreement).items():

@@ -26,6 +26,7 @@ from kvlib.codec.spec import CodecConfig, resolve_codec
 from kvlib.transforms.base import CodecRoundtrip, peer_transforms, peers_unavailable
 from kvlib.transforms.engine import engine_write
 from kvlib.transforms import peer as _builtin_peers  # noqa: F401  (registers the built-in peers: quanto)
+from kvlib.transforms import hqq_peer as _hqq_peer  # noqa: F401  (and HQQ, opt-in)
 
 
 class ContextFile:
@@ -245,7 +246,7 @@ def cache_transforms(codecs: list[CodecConfig], workdir: str | os.PathLike, mode
     transforms = {c.name: make(c, f"scheme{i}") for i, c in enumerate(codecs)}
     if mode == "write":
         transforms = {name: engine_write(t, make, architecture) for name, t in transforms.items()}
-    missing = peers_unavailable() if peers else None
+    missing = peers_unavailable(peers) if peers else None
     if peers and missing is None:
-        transforms.update({t.name: t for t in peer_transforms()})
+        transforms.update({t.name: t for t in peer_transforms(peers)})
     return transforms, missing

@@ -5,7 +5,8 @@ whole context is quantized, as kvlib quantizes it.
 
 Its storage and reconstruction error are measured from the quantized tensors
 themselves and reported in the CLI's JSON shape, so the sweep pools them with
-the same code.
+the same code. ``QuantizedCachePeer`` is what every backend's peer shares (the
+HQQ backend's, opt-in: kvlib.transforms.hqq_peer).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def _nbytes(q: Any) -> int:
     return total
 
 
-class QuantoPeer(CacheTransform):
-    """A cache transform: ``(cache) -> (DynamicCache, CompressionMetrics)``.
+class QuantizedCachePeer(CacheTransform):
+    """A cache transform: ``(cache) -> (DynamicCache, CompressionMetrics)``, one of transformers'
+    ``QuantizedCache`` layers per cache layer (a backend's subclass says which, in ``_layer``).
 
     The returned cache holds QuantizedCache's dequantized context, which is
     exactly what its attention reads for the next tokens; tokens added after
@@ -75,38 +77,18 @@ class QuantoPeer(CacheTransform):
     would re-quantize every generated token, a different experiment)."""
 
     kind = "peer"
-    _announced = False  # the CUDA build note is printed once per process
 
     def __init__(self, nbits: int, q_group_size: int = PEER_GROUP) -> None:
         self.nbits, self.q_group_size = nbits, q_group_size
-        self.name = peer_name(nbits)
-
-    @property
-    def spec(self) -> str:
-        return f"transformers QuantizedCache, quanto int{self.nbits}, group {self.q_group_size}, residual 0"
-
-    @property
-    def key(self) -> str:
-        return f"{self.spec}, optimum-quanto {quanto_version()}"
 
     def _layer(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[list[torch.Tensor], list[dict], int]:
-        """One layer through QuantizedCache's quantized layer: (reconstructions, tensor entries, bytes)."""
-        from transformers.cache_utils import QuantoQuantizedLayer
+        """One layer through the backend's quantized layer: (reconstructions, tensor entries, bytes)."""
+        raise NotImplementedError
 
-        # QuantizedCache(backend="quanto") holds one of these per layer, built with these settings. It is
-        # used layer by layer because QuantizedCache refuses models with sliding-window layers; here each
-        # layer quantizes exactly what it stores, as kvlib's codecs do.
-        layer = QuantoQuantizedLayer(nbits=self.nbits, q_group_size=self.q_group_size, residual_length=0)
-        layer.update(k, v)
-        pair, tensors, stored = [], [], 0
-        for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
-            y = layer._dequantize(q).to(x.dtype)
-            pair.append(y)
-            s = _sums(x.float(), y.float())
-            tensors.append({"name": f"layer_{i}_{role}", "sums": s, "head_sums": [], "error_histogram": [],
-                            **pooled_quality(s)})
-            stored += _nbytes(q)
-        return pair, tensors, stored
+    @staticmethod
+    def _entry(i: int, role: str, x: torch.Tensor, y: torch.Tensor) -> dict:
+        s = _sums(x.float(), y.float())
+        return {"name": f"layer_{i}_{role}", "sums": s, "head_sums": [], "error_histogram": [], **pooled_quality(s)}
 
     def _metrics(self, tensors: list[dict], stored: int, n: int) -> CompressionMetrics:
         total = {key: sum(t["sums"][key] for t in tensors) for key in ("n", "sum_x2", "sum_y2", "sum_xy", "sum_e2")}
@@ -119,12 +101,12 @@ class QuantoPeer(CacheTransform):
             "sums": total, "tensors": tensors, **pooled_quality(total),
         })
 
+    def _announce(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Say what a first call will take, when it is long and silent (nothing by default)."""
+
     def __call__(self, cache: Any) -> tuple[Any, CompressionMetrics]:
         layers = cache_layers(cache)
-        if layers and layers[0][0].is_cuda and not QuantoPeer._announced:
-            QuantoPeer._announced = True  # its first CUDA call is silent for minutes otherwise
-            print("kvlib: optimum-quanto builds its CUDA extension on first use (about 2 minutes, once per machine); "
-                  "--no-peers skips the peer", file=sys.stderr, flush=True)
+        self._announce(layers)
         tensors, stored, n, restored = [], 0, 0, []
         for i, (k, v) in enumerate(layers):
             pair, ts, nbytes = self._layer(i, k, v)
@@ -137,6 +119,47 @@ class QuantoPeer(CacheTransform):
     def roundtrip_layer(self, layer: int, key: Any, value: Any) -> tuple[Any, Any, CompressionMetrics]:
         pair, tensors, stored = self._layer(layer, key, value)
         return pair[0], pair[1], self._metrics(tensors, stored, key.numel() + value.numel())
+
+
+class QuantoPeer(QuantizedCachePeer):
+    """transformers' QuantizedCache with the optimum-quanto backend (its layer's defaults: axis 0,
+    that is groups of ``q_group_size`` consecutive elements along head_dim)."""
+
+    _announced = False  # the CUDA build note is printed once per process
+
+    def __init__(self, nbits: int, q_group_size: int = PEER_GROUP) -> None:
+        super().__init__(nbits, q_group_size)
+        self.name = peer_name(nbits)
+
+    @property
+    def spec(self) -> str:
+        return f"transformers QuantizedCache, quanto int{self.nbits}, group {self.q_group_size}, residual 0"
+
+    @property
+    def key(self) -> str:
+        return f"{self.spec}, optimum-quanto {quanto_version()}"
+
+    def _layer(self, i: int, k: torch.Tensor, v: torch.Tensor) -> tuple[list[torch.Tensor], list[dict], int]:
+        from transformers.cache_utils import QuantoQuantizedLayer
+
+        # QuantizedCache(backend="quanto") holds one of these per layer, built with these settings. It is
+        # used layer by layer because QuantizedCache refuses models with sliding-window layers; here each
+        # layer quantizes exactly what it stores, as kvlib's codecs do.
+        layer = QuantoQuantizedLayer(nbits=self.nbits, q_group_size=self.q_group_size, residual_length=0)
+        layer.update(k, v)
+        pair, tensors, stored = [], [], 0
+        for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
+            y = layer._dequantize(q).to(x.dtype)
+            pair.append(y)
+            tensors.append(self._entry(i, role, x, y))
+            stored += _nbytes(q)
+        return pair, tensors, stored
+
+    def _announce(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if layers and layers[0][0].is_cuda and not QuantoPeer._announced:
+            QuantoPeer._announced = True  # its first CUDA call is silent for minutes otherwise
+            print("kvlib: optimum-quanto builds its CUDA extension on first use (about 2 minutes, once per machine); "
+                  "--no-peers skips the peer", file=sys.stderr, flush=True)
 
 
 @register_peer("hf-quanto", lambda: peer_unavailable())  # looked up when asked
