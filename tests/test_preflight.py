@@ -11,24 +11,35 @@ import torch
 from kvlib.codec.preflight import refusals
 from kvlib.codec.spec import resolve_codec
 from kvlib.runs.engines import engine_tables, print_engine_tables
-from kvlib.runs.sweep import print_sweep, run_sweep
+from kvlib.runs.sweep import AllRefused, print_sweep, run_sweep
 
 LLAMA_TYPES = ["llama.cpp:q8_0", "llama.cpp:q5_1", "llama.cpp:q5_0", "llama.cpp:q4_1", "llama.cpp:q4_0", "llama.cpp:iq4_nl"]
 
 
-def _geometry(head_dim: int) -> dict:
-    return {"num_layers": 2, "num_kv_heads": 2, "head_dim": head_dim}
+def _shapes(head_dim: int, tokens: int = 64, layers: int = 2, heads: int = 2) -> list:
+    return [(i, role, (1, heads, tokens, head_dim)) for i in range(layers) for role in ("key", "value")]
 
 
 def test_llamacpp_refuses_its_block_types_where_32_does_not_divide_head_dim(cli):
     codecs = [resolve_codec(s) for s in ["llama.cpp:f16", *LLAMA_TYPES, "int4", "exllamav2:q4"]]
-    refused = refusals(codecs, _geometry(48))
+    refused = refusals(codecs, _shapes(48))
     assert set(refused) == {*LLAMA_TYPES, "exllamav2:q4"}  # f16 and kvlib's int4 take head_dim 48
     assert refused["llama.cpp:q4_0"] == ('tensor "layer_0_key": llama.cpp refuses q4_0 for head_dim 48: its blocks '
                                          "of 32 must divide head_dim (src/llama-context.cpp:3851-3871)")
     assert all("\n" not in why and "preflight" not in why and "safetensors" not in why for why in refused.values())
-    assert set(refusals(codecs, _geometry(96))) == {"exllamav2:q4"}  # 32 divides 96; ExLlamaV2's chunks of 64 do not
-    assert refusals(codecs, _geometry(64)) == {}
+    assert set(refusals(codecs, _shapes(96))) == {"exllamav2:q4"}  # 32 divides 96; ExLlamaV2's chunks of 64 do not
+    assert refusals(codecs, _shapes(64)) == {}
+
+
+def test_a_refusal_that_depends_on_the_token_count_is_found_at_the_runs_shapes(cli):
+    """kvlib's q4_0 takes one head of 48 at 64 tokens (a multiple of 32 elements) but not at the 127
+    a context of 256 tokens at stride 128 holds; a layer with two shapes (a sliding one's context, a
+    last short window) is probed at both."""
+    q4 = [resolve_codec("q4_0")]
+    assert refusals(q4, _shapes(48, 64, heads=1)) == {}
+    assert "multiple of 32" in refusals(q4, _shapes(48, 127, heads=1))["q4_0"]
+    two = _shapes(48, 64, heads=1) + [(1, role, (1, 1, 127, 48)) for role in ("key", "value")]
+    assert "layer_1" in refusals(q4, two)["q4_0"]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +76,24 @@ def test_a_sweep_lists_a_refused_option_with_the_engines_reason(head_dim_48, tmp
     print_sweep(r)
     out = capsys.readouterr().out
     assert "llama.cpp:q4_0 unavailable for this model: " in out and "refuses q4_0 for head_dim 48" in out
-    with pytest.raises(ValueError, match="refuses every scheme for this model's cache: llama.cpp:q8_0: "):
+    with pytest.raises(AllRefused, match="refuses every scheme for this model's cache: llama.cpp:q8_0: ") as e:
         run_sweep(["llama.cpp:q8_0"], **kw)
+    assert [r.name for r in e.value.rows] == ["llama.cpp:q8_0"] and "blocks of 32" in e.value.rows[0].error
+
+
+def test_a_knob_level_the_engine_refuses_whole_is_recorded_and_the_search_goes_on(head_dim_48, tmp_path):
+    """llama.cpp on head_dim 48: every quantized -ctk/-ctv pair is refused, so the search's levels
+    are rows that say why, and the only setting it can run, f16, is its answer."""
+    from kvlib.runs.knobs import cheapest_setting
+    from kvlib.runs.sweep import run_sweep
+
+    kw = dict(model=str(head_dim_48 / "model"), corpus_name=str(head_dim_48 / "corpus.txt"), device="cpu",
+              context_length=128, stride=64, max_windows=5, peers=False, verbose=False, results=tmp_path / "s",
+              mode="write")
+    found = cheapest_setting("llama.cpp", lambda specs: run_sweep(specs, **kw), say=lambda *a: None)
+    refused = [r for r in found.rows if r.get("unavailable")]
+    assert refused and all("refuses" in r["unavailable"] and "head_dim 48" in r["unavailable"] for r in refused)
+    assert found.cheapest is not None and found.cheapest["flags"] == "-ctk f16 -ctv f16"
 
 
 def test_an_engine_table_with_nothing_that_passes_says_so(capsys):

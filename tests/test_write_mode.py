@@ -326,3 +326,16 @@ def test_engine_tables_count_a_skipped_layer_at_the_serving_dtype():
     s.compression["tensors"][0]["bits_per_element"] = 16  # a bf16 or fp16 run stores what the engine stores
     s.bits_per_element = (100 * 16 + 300 * 4.125) / 400
     assert engine_bits(s) == s.bits_per_element
+
+
+def test_a_calibrated_twin_gets_its_prefix_delta_beside_too(tiny_dir, tmp_path):
+    """A calibrated twin's codec is named by its per-layer spec and shown as OPTION@calibrated: the
+    beside pass scores it and files it under that name."""
+    kw = dict(model=str(tiny_dir / "model"), corpus_name=str(tiny_dir / "corpus.txt"), device="cpu", stride=64,
+              max_windows=3, context_length=128, peers=False, verbose=False, results=tmp_path / "store")
+    r = run_sweep(["vllm:fp8_e4m3"], mode="write", beside="prefix", calibrate_scales=True,
+                  calibration="windows=1", **kw)
+    rows = {row["option"]: row for row in r.engines["vllm"]["rows"]}
+    assert set(rows) == {"vllm:fp8_e4m3", "vllm:fp8_e4m3@calibrated"}
+    assert all(row["beside"]["mode"] == "prefix" for row in rows.values())
+    assert rows["vllm:fp8_e4m3@calibrated"]["beside"]["context_delta"] != rows["vllm:fp8_e4m3"]["beside"]["context_delta"]

@@ -4,8 +4,8 @@ An engine refuses some of its formats for some models (llama.cpp's blocks of 32 
 head_dim; vLLM's int4 Hadamard needs a power-of-two head size; ExLlama's chunks need a multiple of
 64...). A sweep of an engine's menu lists such an option as unavailable with the engine's own
 reason instead of failing on the first window or running something else: each scheme is tried once
-on a small cache of the model's geometry (random values: a refusal depends on the shapes, the
-dtype and the layer names, never on the values).
+on caches of the shapes the run will give it (random values: a refusal depends on the shapes and
+the layer names, never on the values).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -22,20 +21,29 @@ from kvlib.cache.io import KVCacheMetadata, file_metadata
 from kvlib.codec.cli import KVCompressError, get_compression_metrics
 from kvlib.codec.spec import CodecConfig
 
-# Tokens of the probe cache: more than one block or group of every format along tokens (KIVI's
-# per-channel groups of 128 tokens, ExLlamaV2's chunks) would cost time without adding a refusal,
-# so a few groups' worth.
-PROBE_TOKENS = 64
+Shapes = list[tuple[int, str, tuple[int, ...]]]  # (layer, role, [batch, heads, tokens, head_dim])
 
 
-def probe_cache(geometry: dict[str, Any], path: Path, tokens: int = PROBE_TOKENS) -> Path:
-    """A float32 cache of ``geometry``'s layers, KV heads and head_dim (kvlib.cache.layout.geometry),
-    ``tokens`` long, of seeded normal values, saved as kv-compress reads it."""
+def probe_layouts(shapes: Shapes) -> list[dict[int, tuple[int, ...]]]:
+    """The caches that hold every (layer, shape) of ``shapes`` (the K and V a run's transforms get,
+    kvlib.transforms.base.run_shapes) with a layer once per cache: as many as a layer has distinct
+    shapes (a sliding layer's context and a full one's, the last window's shorter K/V)."""
+    per_layer: dict[int, list[tuple[int, ...]]] = {}
+    for layer, _, shape in shapes:
+        if shape not in per_layer.setdefault(layer, []):
+            per_layer[layer].append(shape)
+    n = max((len(v) for v in per_layer.values()), default=0)
+    return [{layer: v[k % len(v)] for layer, v in sorted(per_layer.items())} for k in range(n)]
+
+
+def probe_cache(layout: dict[int, tuple[int, ...]], path: Path) -> Path:
+    """A float32 cache of ``layout``'s layers and shapes (K and V alike), of seeded normal values,
+    saved as kv-compress reads it."""
     g = torch.Generator().manual_seed(0)
-    layers, heads, dim = int(geometry["num_layers"]), int(geometry["num_kv_heads"]), int(geometry["head_dim"])
-    shape = (1, heads, tokens, dim)
-    tensors = {f"layer_{i}_{role}": torch.randn(shape, generator=g) for i in range(layers) for role in ("key", "value")}
-    meta = KVCacheMetadata(num_layers=layers, num_kv_heads=heads, seq_len=tokens, head_dim=dim, dtype="",
+    tensors = {f"layer_{i}_{role}": torch.randn(shape, generator=g) for i, shape in layout.items()
+               for role in ("key", "value")}
+    _, heads, tokens, dim = max(layout.values(), key=lambda shape: shape[2])
+    meta = KVCacheMetadata(num_layers=len(layout), num_kv_heads=heads, seq_len=tokens, head_dim=dim, dtype="",
                            model_name="preflight")
     save_file(tensors, str(path), metadata=file_metadata(meta, "float32"))
     return path
@@ -47,15 +55,21 @@ def _reason(err: KVCompressError, probe: Path) -> str:
     return re.sub(re.escape(str(probe)) + r":?\s*", "", line).strip()
 
 
-def refusals(codecs: list[CodecConfig], geometry: dict[str, Any]) -> dict[str, str]:
-    """{scheme name: kv-compress's reason} for each of ``codecs`` it refuses on a cache of
-    ``geometry``; the others are absent. One CLI call a scheme on a cache of PROBE_TOKENS tokens."""
+def refusals(codecs: list[CodecConfig], shapes: Shapes) -> dict[str, str]:
+    """{scheme name: kv-compress's reason} for each of ``codecs`` it refuses on a cache of the
+    run's ``shapes`` (every K and V it will compress: a refusal can depend on the token count, a
+    kvlib block format's elements per tensor); the others are absent. One CLI call a scheme and
+    probe cache (random values: a refusal depends on shapes and layer names, never on values)."""
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="kvlib-preflight-") as tmp:
-        probe = probe_cache(geometry, Path(tmp) / "probe.safetensors")
-        for c in codecs:
-            try:
-                get_compression_metrics(probe, codec=c)
-            except KVCompressError as e:
-                out[c.name] = _reason(e, probe)
+        for k, layout in enumerate(probe_layouts(shapes)):
+            probe = probe_cache(layout, Path(tmp) / f"probe-{k}.safetensors")
+            for c in codecs:
+                if c.name in out:
+                    continue
+                try:
+                    get_compression_metrics(probe, codec=c)
+                except KVCompressError as e:
+                    out[c.name] = _reason(e, probe)
+            probe.unlink()
     return out

@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kvlib.report.engines: {p}: engine {sorted(set(found) & set(tables))[0]} is in two runs", file=sys.stderr)
             return 2
         tables.update(found)
+    if not tables:
+        print(f"kvlib.report.engines: {', '.join(paths)}: no engine option in the run(s) (kv-validate --engine ...)",
+              file=sys.stderr)
+        return 2
     print(markdown(tables), end="")
     return 0
 

@@ -225,9 +225,10 @@ def _engine_row(r: dict[str, Any], beside: bool = True) -> str:
         return (head + "<td colspan='6' style='text-align:left;color:#777'>–</td><td colspan='" + ("2" if beside else "1")
                 + f"' style='text-align:left;color:#777'>unavailable for this model: {html.escape(r['unavailable'])}</td></tr>")
     b = r.get("beside")
-    other = f"{b['context_delta']:+.4f} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]" if b else "not run"
-    return (head + f"<td>{r['bits_per_element']:.3f}</td><td>{r['context_delta']:+.4f}</td>"
-            f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{r['kld_mean']:.5f}</td><td>{r['top1_agreement']:.1f}%</td>"
+    other = f"{_fmt(b['context_delta'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]" if b else "not run"
+    return (head + f"<td>{r['bits_per_element']:.3f}</td><td>{_fmt(r['context_delta'])}</td>"
+            f"<td>[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]</td><td>{fmt(r['kld_mean'], '.5f')}</td>"
+            f"<td>{fmt(r['top1_agreement'], '.1f')}%</td>"
             f"<td>{r['saturated']}</td><td style='text-align:left'>{html.escape(r['verdict'])}</td>"
             + (f"<td style='white-space:nowrap'>{other}</td>" if beside else "") + "</tr>")
 

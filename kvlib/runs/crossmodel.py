@@ -97,7 +97,8 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
         gc.collect()
         if ruler is not None:
             t = time.perf_counter()
-            codecs = [resolve_codec(x) for x in schemes]
+            ran = {s["name"] for s in d["schemes"] if not s.get("error")}  # not one the model's engine refuses
+            codecs = [c for c in (resolve_codec(x) for x in schemes) if c.name in ran]
             d["ruler"] = run_ruler_suite(codecs, replace(ruler, presses=()), model=m, device=device, dtype=dtype,
                                          verbose=verbose).to_dict()
             seconds[f"{m}_ruler_s"] = time.perf_counter() - t

@@ -18,6 +18,7 @@ def _scales(name: str, static: bool) -> str:
     return "calibrated k_scale/v_scale in the checkpoint" if name.endswith(CALIBRATED) else "1.0 (none in the checkpoint)"
 
 
+UNAVAILABLE = "unavailable for this model: "  # a refused scheme's error, then kv-compress's reason
 MODEL_DTYPE_BITS = 16.0  # a layer an engine skips stores the model's dtype (fp16/bf16 when serving)
 
 
@@ -53,7 +54,7 @@ def engine_tables(schemes: list[Any], mode: str, beside: list[Any] = ()) -> dict
         t = tables.setdefault(row["engine"], {"version": row["engine_version"], "mode": mode, "rows": []})
         if s.error:  # refused for this model (kvlib.codec.preflight): listed with the engine's reason
             t["rows"].append({"option": s.name, "flags": row["flags"], "scales": "", "evidence": row["evidence"],
-                              "unavailable": s.error.removeprefix("unavailable for this model: "),
+                              "unavailable": s.error.removeprefix(UNAVAILABLE),
                               "verdict": "unavailable", "robust": False})
             continue
         t["rows"].append({

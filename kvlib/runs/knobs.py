@@ -33,7 +33,7 @@ from kvlib.codec.spec import engine_menu, resolve_codec
 from kvlib.gates import PPL_DELTA_THRESHOLD
 from kvlib.runs.engines import MODEL_DTYPE_BITS
 from kvlib.runs.setup import RunParams, prepare_run
-from kvlib.runs.sweep import model_geometry
+from kvlib.runs.sweep import AllRefused, model_geometry
 
 
 
@@ -343,9 +343,12 @@ def cheapest_setting(engine: str, sweep: Callable[[list[str]], Any], say: Callab
         ran = [st for g in batch for st in g]
         bits = f"{batch[0][0].bits:g}" + (f" to {batch[-1][0].bits:g}" if len(batch) > 1 else "")
         say(f"{name}: {len(ran)} setting(s) at {bits} bits/element: " + "; ".join(s.flags for s in ran))
-        result = sweep([s.spec for s in ran])
-        found.mode, found.threshold = result.mode, result.threshold
-        by_name = {s.name: s for s in result.schemes}
+        try:
+            result = sweep([s.spec for s in ran])
+            found.mode, found.threshold, schemes = result.mode, result.threshold, result.schemes
+        except AllRefused as e:  # the engine refuses every setting of these levels for this model: rows say why
+            schemes = e.rows
+        by_name = {s.name: s for s in schemes}
         rows = [_row(st, by_name[resolve_codec(st.spec).name]) for st in ran]
         found.rows.extend(rows)
         for r in rows:  # as each sweep ends: a long search shows what it has found so far

@@ -24,7 +24,7 @@ import torch
 
 from kvlib.budget.plan import calibration_tokens, parse_budgets, plan_mixes
 from kvlib.budget.scales import CALIBRATED, calibrated_scales
-from kvlib.runs.engines import engine_tables, print_engine_tables
+from kvlib.runs.engines import UNAVAILABLE, engine_tables, print_engine_tables
 from kvlib.runs.transfer import print_transfer, transfer_table
 from kvlib.budget.sensitivity import CalibrationConfig, resolve_candidates, role_labels
 from kvlib.cache.layout import geometry
@@ -45,7 +45,7 @@ from kvlib.scoring.stats import KLDSummary, bootstrap_delta_ci
 from kvlib.scoring.store import ResultsStore, unit_key
 from kvlib.scoring.units import ScoringPlan, decode, encode
 from kvlib.transforms.base import (CodecRoundtrip, PeerSelection, checked_peers, peer_transforms, peers_unavailable,
-                                  select_peers)
+                                  run_shapes, select_peers)
 from kvlib.transforms.codec import cache_transforms
 from kvlib.transforms.engine import write_key
 
@@ -422,10 +422,11 @@ def run_sweep(
     run = prepare_run(RunParams(model, corpus_name, device, dtype, threshold, stride, max_windows, context_length,
                                 results, fresh), verbose)
     geometry = model_geometry(run)  # a cache kvlib cannot compress fails here, before any window
-    resolved, unavailable = drop_refused(resolved, geometry, mode)
-    peers, refused_peers = select_peers(peers, geometry, plan_windows(  # a peer that cannot run: its row says why
-        run.ids.shape[1], run.context_length, stride, None if max_windows is None else first_window + max_windows
-    )[first_window:], mode)
+    windows = plan_windows(run.ids.shape[1], run.context_length, stride,
+                           None if max_windows is None else first_window + max_windows)[first_window:]
+    shapes = [x for m in dict.fromkeys((mode, beside or mode)) for x in run_shapes(geometry, windows, m)]
+    resolved, unavailable = drop_refused(resolved, shapes, mode)
+    peers, refused_peers = select_peers(peers, geometry, windows, mode)  # a peer that cannot run: its row says why
     unavailable += [SchemeResult(name=t.name, spec=t.spec, kind=t.kind, mode=mode, error=why)
                     for t, why in refused_peers]
     planned, mixes = None, {}
@@ -458,7 +459,8 @@ def run_sweep(
         retrieval, agreement = run_decoding_checks(lazy, run.tokenizer, run.ids, resolved, checks, workdir or tmp,
                                                    run.name, run.text.name, checked_peers(peers), progress,
                                                    store=run.store, identity=run.identity)
-        other = score_beside(run, resolved, beside, workdir or tmp, threshold, progress, ray, first_window) if beside else []
+        other = score_beside(run, resolved, mixes, beside, workdir or tmp, threshold, progress, ray,
+                             first_window) if beside else []
     for s in schemes:
         for k, v in readings(s.name, retrieval, agreement).items():
             setattr(s, k, v)
@@ -492,12 +494,14 @@ def run_sweep(
     return result
 
 
-def score_beside(run: RunSetup, codecs: list[CodecConfig], mode: str, workdir: Any, threshold: float,
-                 progress: bool, ray: bool | str, first_window: int) -> list[SchemeResult]:
+def score_beside(run: RunSetup, codecs: list[CodecConfig], names: dict[str, str], mode: str, workdir: Any,
+                 threshold: float, progress: bool, ray: bool | str, first_window: int) -> list[SchemeResult]:
     """The engine options among ``codecs`` scored in ``mode`` too, over the same windows (their own
-    units in the store): what the engine tables show beside the verdict's mode."""
+    units in the store), named as the sweep names them (``names``: a calibrated twin's spec is
+    ``OPTION@calibrated``): what the engine tables show beside the verdict's mode."""
     menu = {row["name"]: row["mode"] for row in engine_menu("all")}
-    options = [c for c in codecs if menu.get(c.name.removesuffix(CALIBRATED)) in (mode, "write" if mode == "prefix" else mode)]
+    options = [c for c in codecs if menu.get(names.get(c.name, c.name).removesuffix(CALIBRATED))
+               in (mode, "write" if mode == "prefix" else mode)]
     if not options:
         return []
     run.say(f"Scoring the {len(options)} engine options in {mode} mode too, beside the verdict's...")
@@ -506,20 +510,31 @@ def score_beside(run: RunSetup, codecs: list[CodecConfig], mode: str, workdir: A
                               threshold, False, run.params.max_windows, progress, store=run.store,
                               identity=run.identity, executor=executor, job=job, mode=mode,
                               architecture=getattr(run.config, "model_type", None), first_window=first_window)
+    for s in out:
+        s.name = names.get(s.name, s.name)
     return out
 
 
-def drop_refused(codecs: list[CodecConfig], geometry: dict[str, Any], mode: str,
+class AllRefused(ValueError):
+    """kv-compress refuses every scheme of a sweep for this model's cache; ``rows`` says why for each."""
+
+    def __init__(self, rows: list[SchemeResult]):
+        super().__init__("kv-compress refuses every scheme for this model's cache: " + "; ".join(
+            f"{r.name}: {r.error.removeprefix(UNAVAILABLE)}" for r in rows))
+        self.rows = rows
+
+
+def drop_refused(codecs: list[CodecConfig], shapes: list[tuple[int, str, tuple[int, ...]]], mode: str,
                  ) -> tuple[list[CodecConfig], list[SchemeResult]]:
-    """The codecs kv-compress takes for this model's cache, and a "not run" row with the reason for
-    each it refuses (an engine's option the engine refuses for this model, kvlib.codec.preflight):
-    listed, never run as something else. ValueError when it refuses them all."""
-    refused = refusals(codecs, geometry)
-    if refused and len(refused) == len(codecs):
-        raise ValueError("kv-compress refuses every scheme for this model's cache: " + "; ".join(
-            f"{name}: {why}" for name, why in refused.items()))
+    """The codecs kv-compress takes for every K and V of the run (``shapes``: run_shapes), and a
+    "not run" row with the reason for each it refuses (an engine's option the engine refuses for
+    this model, kvlib.codec.preflight): listed, never run as something else. AllRefused when it
+    refuses them all."""
+    refused = refusals(codecs, shapes)
     rows = [SchemeResult(name=c.name, spec=c.spec, kind=CodecRoundtrip.kind, mode=mode,
-                         error=f"unavailable for this model: {refused[c.name]}") for c in codecs if c.name in refused]
+                         error=UNAVAILABLE + refused[c.name]) for c in codecs if c.name in refused]
+    if codecs and len(rows) == len(codecs):
+        raise AllRefused(rows)
     return [c for c in codecs if c.name not in refused], rows
 
 

@@ -121,7 +121,7 @@ def peers_unavailable(peers: PeerSelection = True) -> str | None:
     return next((why for family in families if (why := _PEERS[family][1]()) is not None), None)
 
 
-def _shapes(geometry: dict[str, Any], windows: Sequence[Any], mode: str) -> list[tuple[int, str, tuple[int, ...]]]:
+def run_shapes(geometry: dict[str, Any], windows: Sequence[Any], mode: str) -> list[tuple[int, str, tuple[int, ...]]]:
     """(layer, role, shape) of each distinct K and V a transform gets in a run (see select_peers)."""
     heads, dim, layers = int(geometry["num_kv_heads"]), int(geometry["head_dim"]), tuple(geometry["layer_windows"])
     if mode == "write":
@@ -148,7 +148,7 @@ def select_peers(peers: PeerSelection, geometry: dict[str, Any], windows: Sequen
     for family, t in chosen:
         why, refuses = why_family[family], getattr(t, "refuses", None)
         if why is None and refuses is not None:
-            shapes = _shapes(geometry, windows, mode) if shapes is None else shapes
+            shapes = run_shapes(geometry, windows, mode) if shapes is None else shapes
             why = refuses(shapes)
         if why:
             refused.append((t, why))
