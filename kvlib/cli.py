@@ -16,7 +16,7 @@ from kvlib.env import stop_on_sigterm
 from kvlib.models import corpus, zoo
 from kvlib.models.sources import TINYLLAMA
 from kvlib.checks.agreement import AgreementConfig
-from kvlib.budget.plan import parse_budgets, similar_presets
+from kvlib.budget.plan import calibration_tokens, parse_budgets, similar_presets
 from kvlib.codec.spec import resolve_codec
 from kvlib.checks.decoding import DecodingChecks
 from kvlib.checks.retrieval import RetrievalConfig
@@ -24,6 +24,7 @@ from kvlib.budget.sensitivity import CalibrationConfig
 from kvlib.runs.setup import RunParams, check_parameters, prepare_run
 from kvlib.scoring.perplexity import MODES, plan_windows
 from kvlib.gates import CONFIRM_WINDOWS, MIN_CI_UNITS
+from kvlib.runs.engines import confirm_cheapest, print_engine_tables
 from kvlib.runs.sweep import engine_mode, engine_schemes, run_sweep, scheme_list, write_json
 from kvlib.runs.transfer import TRANSFER_ENGINE, transfer_schemes
 from kvlib.runs.knobs import (boundary_check, cheapest_setting, first_fresh_window, format_sensitivity,
@@ -73,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --knobs: leave out settings that store more bits per element (a search that has found "
                    "nothing by then stops there; e.g. 8.5, q8_0's cost)")
     p.add_argument("--confirm-windows", type=int, default=CONFIRM_WINDOWS, metavar="N",
-                   help=f"with --knobs: a robust pass is the answer only if it passes robustly again on N fresh windows "
-                   f"past those the search scored (default {CONFIRM_WINDOWS}; 0: no confirmation)")
+                   help=f"with --knobs, or --engine: a robust pass is the answer only if it passes robustly again on N "
+                   f"fresh windows past those the search scored (default {CONFIRM_WINDOWS}; 0: no confirmation)")
     p.add_argument("--boundary-check", action="store_true",
                    help="with --knob-format TURBOQUANT_PRESET: also check the preset's fixed rule (the first and last "
                    "two layers skipped) against the measured ranking of every layer")
@@ -242,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--budget and --sensitivity need a model: they do not run with --quick-test")
         if budgets and not specs:
             codecs = [resolve_codec(x) for x in similar_presets(budgets)]
+        if args.engine and args.confirm_windows and args.confirm_windows < MIN_CI_UNITS:
+            raise ValueError(f"--confirm-windows {args.confirm_windows}: a confirmation needs a CI, {MIN_CI_UNITS} "
+                             f"windows or more (0: none)")
         if len(codecs) > 1 or budgets or args.sensitivity:
             sweep = run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
                               dtype=args.dtype, threshold=args.threshold, stride=args.stride,
@@ -252,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                               calibration=calibration, sensitivity=args.sensitivity, mode=args.mode,
                               calibrate_scales=args.calibrated_scales or bool(args.engine), transfer=args.transfer,
                               beside="prefix" if args.engine and args.mode == "write" else None)
+            if args.engine and args.confirm_windows and sweep.engines:
+                confirm_engine_answers(args, sweep, calibration)
             if args.json:
                 sweep.to_json(args.json)
             if args.quiet:
@@ -337,6 +343,36 @@ def search_knobs(args: argparse.Namespace) -> int:
     if args.json:
         write_json(out, args.json)
     return 0 if found.cheapest else 1
+
+
+def confirm_engine_answers(args: argparse.Namespace, sweep: Any, calibration: CalibrationConfig) -> None:
+    """--engine: each engine's cheapest robust option re-validated on --confirm-windows fresh windows
+    (past the sweep's and any tokens of the evaluated corpus its scale calibration read), as the knob
+    search does; the tables' cheapest becomes the first that holds."""
+    if args.max_windows is None:
+        print("kv-validate: --engine: no confirmation on fresh windows (the sweep scored every window; "
+              "give --max-windows, or --confirm-windows 0)")
+        return
+    run = prepare_run(RunParams(args.model, args.corpus, "cpu" if args.cpu else None, args.dtype, args.threshold,
+                                args.stride, args.max_windows, args.context_length, args.results, args.fresh),
+                      verbose=False)
+    cal = calibration_tokens(calibration, run.text, run.ids, run.tokenizer, run.context_length, args.stride,
+                             args.max_windows)
+    read = [(s, s + run.context_length) for s in cal.starts] if cal.ids is run.ids else []
+    first = fresh_windows(args, read)
+    specs = {s.name: s.spec for s in sweep.schemes}
+
+    def confirm(codecs: list[str]) -> Any:
+        return run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
+                         dtype=args.dtype, threshold=args.threshold, stride=args.stride, max_windows=args.confirm_windows,
+                         first_window=first, context_length=args.context_length, peers=False, verbose=False,
+                         results=args.results, fresh=args.fresh, ray=args.ray, mode=sweep.mode)
+
+    say = (lambda *a, **k: None) if args.quiet else print
+    say(f"Confirming each engine's cheapest robust option on {args.confirm_windows} fresh windows from window {first}...")
+    confirm_cheapest(sweep.engines, specs, confirm, say)
+    if not args.quiet:
+        print_engine_tables(sweep.engines)
 
 
 def fresh_windows(args: argparse.Namespace, read: list[tuple[int, int]]) -> int:

@@ -63,3 +63,38 @@ def test_a_run_of_one_mode_has_no_empty_column_for_the_other():
     assert "mode [95 % CI]" not in markdown(tables_of(run)) and "not run" not in markdown(tables_of(run))
     page = html_tables(run).data
     assert "mode [CI]" not in page and "not run" not in page
+
+
+def test_the_cheapest_is_the_first_robust_option_that_holds_on_fresh_windows(capsys):
+    from types import SimpleNamespace
+
+    from kvlib.runs.engines import confirm_cheapest, print_engine_tables
+
+    q4 = _scheme("llama.cpp:iq4_nl", 4.5, 0.417, 0.493)
+    q5 = _scheme("llama.cpp:q5_0", 5.5, 0.145, 0.185)
+    fail = _scheme("llama.cpp:q4_0", 4.5, 0.537, 0.666)
+    tables = engine_tables([q4, q5, fail], "write")
+    assert tables["llama.cpp"]["cheapest"] == "llama.cpp:iq4_nl"
+    fresh = {"iq4_nl": _scheme("x", 4.5, 0.45, 0.53), "q5_0": _scheme("x", 5.5, 0.15, 0.21)}
+    asked = []
+
+    def confirm(specs):
+        asked.append(specs)
+        return SimpleNamespace(schemes=[fresh[specs[0].split(":")[1]]], first_window=21, windows=21)
+
+    confirm_cheapest(tables, {s.name: s.spec for s in (q4, q5, fail)}, confirm, say=lambda *a: None)
+    t = tables["llama.cpp"]
+    assert asked == [["llama.cpp:iq4_nl"], ["llama.cpp:q5_0"]]  # fewest bits first, the failing never
+    rows = {r["option"]: r for r in t["rows"]}
+    assert t["cheapest"] == "llama.cpp:q5_0" and t["cheapest_flags"] == "-ctk q5_0 -ctv q5_0"
+    assert rows["llama.cpp:iq4_nl"]["confirmed"] is False and rows["llama.cpp:q5_0"]["confirmed"] is True
+    assert rows["llama.cpp:iq4_nl"]["confirmation"]["ci_high"] == 0.53 and "confirmation" not in rows["llama.cpp:q4_0"]
+    print_engine_tables(tables)
+    out = capsys.readouterr().out
+    assert "cheapest option that passes in llama.cpp, confirmed on fresh windows: llama.cpp:q5_0" in out
+    assert "(not confirmed)" in out
+    run = _run([q4, q5, fail])
+    run["engines"] = json.loads(json.dumps(tables))
+    text = markdown(tables_of(run))
+    assert "on 21 fresh windows +0.4500 [+0.4000, +0.5300], not confirmed" in text
+    assert "| **`llama.cpp:q5_0`**" in text and "| **`llama.cpp:iq4_nl`**" not in text

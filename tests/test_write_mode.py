@@ -339,3 +339,25 @@ def test_a_calibrated_twin_gets_its_prefix_delta_beside_too(tiny_dir, tmp_path):
     assert set(rows) == {"vllm:fp8_e4m3", "vllm:fp8_e4m3@calibrated"}
     assert all(row["beside"]["mode"] == "prefix" for row in rows.values())
     assert rows["vllm:fp8_e4m3@calibrated"]["beside"]["context_delta"] != rows["vllm:fp8_e4m3"]["beside"]["context_delta"]
+
+
+def test_kv_validate_engine_confirms_each_answer_on_fresh_windows(tiny_dir, tmp_path, capsys):
+    """kv-validate --engine: after the sweep, each engine's cheapest robust option runs again on
+    --confirm-windows fresh windows past the sweep's; the JSON keeps the confirmation."""
+    import json
+
+    from kvlib.cli import main
+
+    out = tmp_path / "r.json"
+    argv = ["--model", str(tiny_dir / "model"), "--corpus", str(tiny_dir / "corpus.txt"), "--engine", "ocp",
+            "--context-length", "128", "--stride", "64", "--max-windows", "5", "--confirm-windows", "5",
+            "--results", str(tmp_path / "store"), "--json", str(out), "--cpu"]
+    main(argv)
+    printed = capsys.readouterr().out
+    assert "Confirming each engine's cheapest robust option on 5 fresh windows from window 5" in printed
+    t = json.loads(out.read_text())["engines"]["ocp"]
+    tried = [r for r in t["rows"] if "confirmation" in r]
+    assert t["confirmed_on_fresh_windows"] and tried and all(r["confirmation"]["first_window"] == 5 for r in tried)
+    assert t["cheapest"] in {r["option"] for r in tried if r["confirmed"]} | {None}
+    assert all(r.get("beside", {}).get("mode") == "prefix" for r in t["rows"])
+    assert main(argv + ["--confirm-windows", "3"]) == 2  # a confirmation needs a CI

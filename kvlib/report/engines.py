@@ -32,11 +32,13 @@ def tables_of(run: dict[str, Any]) -> dict[str, Any]:
     """A saved run's engine tables, recomputed from its schemes; each row keeps the other mode's
     numbers the run saved beside it."""
     tables = engine_tables([scheme_of(s) for s in run["schemes"]], run["mode"])
-    saved = {r["option"]: r for t in (run.get("engines") or {}).values() for r in t["rows"]}
-    for t in tables.values():
+    saved_tables = run.get("engines") or {}
+    saved = {r["option"]: r for t in saved_tables.values() for r in t["rows"]}
+    for engine, t in tables.items():
         for r in t["rows"]:
-            if "beside" in saved.get(r["option"], {}):
-                r["beside"] = saved[r["option"]]["beside"]
+            r.update({k: v for k, v in saved.get(r["option"], {}).items() if k in ("beside", "confirmation", "confirmed")})
+        if saved_tables.get(engine, {}).get("confirmed_on_fresh_windows"):  # the answer held on fresh windows
+            t.update({k: saved_tables[engine][k] for k in ("cheapest", "cheapest_flags", "confirmed_on_fresh_windows")})
         t["windows"], t["model"] = run["windows"], run["model"]
     return tables
 
@@ -57,7 +59,10 @@ def _row(r: dict[str, Any], cheapest: str | None, beside: bool = True) -> str:
                 + (" – |" if beside else ""))
     b = r.get("beside")
     other = f"{_num(b['context_delta'], '+.4f')} {_ci(b['ci_low'], b['ci_high'])}" if b else "not run"
-    verdict = r["verdict"] + (f": cheapest in {r['option'].split(':')[0]}" if r["option"] == cheapest else "")
+    c = r.get("confirmation")
+    verdict = r["verdict"] + (f"; on {c['windows']} fresh windows {_num(c['context_delta'], '+.4f')} "
+                              f"{_ci(c['ci_low'], c['ci_high'])}, {'confirmed' if c['robust'] else 'not confirmed'}"
+                              if c else "") + (f": cheapest in {r['option'].split(':')[0]}" if r["option"] == cheapest else "")
     return (f"| {name} | {flags} | {r.get('scales') or '–'} | {r['bits_per_element']:.3g} | "
             f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} | {_num(r['kld_mean'], '.5f')} | "
             f"{_num(r['top1_agreement'], '.1f')} % | {r.get('saturated', 0) or '–'} | {verdict} |"
