@@ -63,9 +63,11 @@ def _row(r: dict[str, Any], cheapest: str | None, beside: bool = True) -> str:
     verdict = r["verdict"] + (f"; on {c['windows']} fresh windows {_num(c['context_delta'], '+.4f')} "
                               f"{_ci(c['ci_low'], c['ci_high'])}, {'confirmed' if c['robust'] else 'not confirmed'}"
                               if c else "") + (f": cheapest in {r['option'].split(':')[0]}" if r["option"] == cheapest else "")
+    nan = r["context_delta"] is None or math.isnan(r["context_delta"])  # a NaN output: no KLD or top-1 to show
+    top1 = "–" if nan else f"{_num(r['top1_agreement'], '.1f')} %"
     return (f"| {name} | {flags} | {r.get('scales') or '–'} | {r['bits_per_element']:.3g} | "
             f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} | {_num(r['kld_mean'], '.5f')} | "
-            f"{_num(r['top1_agreement'], '.1f')} % | {r.get('saturated', 0) or '–'} | {verdict} |"
+            f"{top1} | {r.get('saturated', 0) or '–'} | {verdict} |"
             + (f" {other} |" if beside else ""))
 
 
