@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kvlib.transforms.base import CacheTransform, register_peer
-from kvlib.transforms.peer import PEER_BITS, PEER_GROUP, QuantizedCachePeer
+from kvlib.transforms.peer import PEER_BITS, PEER_GROUP, QuantizedCachePeer, package_version
 
 HQQ_AXIS = 1  # groups of consecutive elements, as quanto's axis 0 (see the module's docstring)
 
@@ -42,12 +42,7 @@ def hqq_name(nbits: int) -> str:
 
 def hqq_version() -> str:
     """hqq's version ("?" when absent), as a peer unit's key names it."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("hqq")
-    except PackageNotFoundError:
-        return "?"
+    return package_version("hqq")
 
 
 def hqq_unavailable() -> str | None:

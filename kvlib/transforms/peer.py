@@ -28,14 +28,19 @@ def peer_name(nbits: int) -> str:
     return f"hf-quanto-int{nbits}"
 
 
-def quanto_version() -> str:
-    """optimum-quanto's version ("?" when absent), as a peer unit's key names it."""
+def package_version(name: str) -> str:
+    """An installed distribution's version ("?" when absent), as a peer unit's key names it."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("optimum-quanto")
+        return version(name)
     except PackageNotFoundError:
         return "?"
+
+
+def quanto_version() -> str:
+    """optimum-quanto's version ("?" when absent)."""
+    return package_version("optimum-quanto")
 
 
 def peer_unavailable() -> str | None:
