@@ -134,14 +134,7 @@ class HqqPeer(QuantizedCachePeer):
         # of these per layer; used layer by layer, as the quanto peer's (sliding-window models included).
         layer = HQQQuantizedLayer(nbits=self.nbits, axis_key=HQQ_AXIS, axis_value=HQQ_AXIS,
                                   q_group_size=self.q_group_size, residual_length=0)
-        layer.update(k, v)
-        pair, tensors, stored = [], [], 0
-        for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
-            y = layer._dequantize(q).to(x.dtype)
-            pair.append(y)
-            tensors.append(self._entry(i, role, x, y))
-            stored += _nbytes(q)
-        return pair, tensors, stored
+        return self._read(layer, i, k, v, _nbytes)
 
 
 @register_peer("hf-hqq", lambda: hqq_unavailable(), opt_in=True)  # looked up when asked

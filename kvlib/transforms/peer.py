@@ -90,6 +90,19 @@ class QuantizedCachePeer(CacheTransform):
         """One layer through the backend's quantized layer: (reconstructions, tensor entries, bytes)."""
         raise NotImplementedError
 
+    def _read(self, layer: Any, i: int, k: torch.Tensor, v: torch.Tensor, nbytes: Any
+              ) -> tuple[list[torch.Tensor], list[dict], int]:
+        """Layer ``i``'s K and V through a transformers quantized cache layer: the reconstruction,
+        each tensor's entry, and the bytes ``nbytes`` counts in the quantized tensors."""
+        layer.update(k, v)
+        pair, tensors, stored = [], [], 0
+        for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
+            y = layer._dequantize(q).to(x.dtype)
+            pair.append(y)
+            tensors.append(self._entry(i, role, x, y))
+            stored += nbytes(q)
+        return pair, tensors, stored
+
     @staticmethod
     def _entry(i: int, role: str, x: torch.Tensor, y: torch.Tensor) -> dict:
         s = _sums(x.float(), y.float())
@@ -151,14 +164,7 @@ class QuantoPeer(QuantizedCachePeer):
         # used layer by layer because QuantizedCache refuses models with sliding-window layers; here each
         # layer quantizes exactly what it stores, as kvlib's codecs do.
         layer = QuantoQuantizedLayer(nbits=self.nbits, q_group_size=self.q_group_size, residual_length=0)
-        layer.update(k, v)
-        pair, tensors, stored = [], [], 0
-        for role, x, q in (("key", k, layer._quantized_keys), ("value", v, layer._quantized_values)):
-            y = layer._dequantize(q).to(x.dtype)
-            pair.append(y)
-            tensors.append(self._entry(i, role, x, y))
-            stored += _nbytes(q)
-        return pair, tensors, stored
+        return self._read(layer, i, k, v, _nbytes)
 
     def _announce(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if layers and layers[0][0].is_cuda and not QuantoPeer._announced:
