@@ -21,6 +21,9 @@ from kvlib.checks.ruler.tasks import NOISE, TASKS, Environment, at_depth
 
 # The embedded model finds all 6 pass keys (niah_single_1 at a fixed depth) at these lengths.
 TINY_R = RetrievalConfig(lengths=(384, 512), depths=(0.0, 0.5, 1.0))
+# One haystack per length: a broken cache never finds the key, so it decodes all 128 of RULER's
+# answer tokens (about 9 s a haystack here) where a found key stops early.
+TINY_B = RetrievalConfig(lengths=TINY_R.lengths, depths=(0.5,))
 TINY_A = AgreementConfig(prompts=3, context_tokens=96, new_tokens=6)
 
 
@@ -96,19 +99,19 @@ def test_bad_grids_fail_with_the_parameter_named(smol):
 
 @pytest.fixture(scope="module")
 def identity_and_zeroed(smol, tmp_path_factory):
-    """One retrieval run over TINY_R: the exact cache, the identity and a zeroed cache (two tests read it)."""
+    """One retrieval run over TINY_B: the exact cache, the identity and a zeroed cache (two tests read it)."""
     lm, tok = smol
-    return run_retrieval(lm, tok, [], tmp_path_factory.mktemp("retrieval"), TINY_R,
+    return run_retrieval(lm, tok, [], tmp_path_factory.mktemp("retrieval"), TINY_B,
                          transforms={"identity": identity, "zeroed": zeroed})
 
 
 def test_identity_reproduces_the_exact_answers_and_a_broken_cache_does_not(identity_and_zeroed):
     r = identity_and_zeroed
     exact, same, broken = r.exact, r.scheme("identity"), r.scheme("zeroed")
-    assert exact.found == exact.total == 6  # the embedded model finds every key at these lengths
+    assert exact.found == exact.total == 2  # the embedded model finds every key at these lengths
     assert [a.answer for a in same.answers] == [a.answer for a in exact.answers] and same.dropped == 0
     assert broken.found < exact.found and broken.dropped == exact.found - broken.found + broken.gained
-    assert r.summary().startswith("retrieval: 6/6 exact, 6/6 identity, ")
+    assert r.summary().startswith("retrieval: 2/2 exact, 2/2 identity, ")
 
 
 def test_lengths_beyond_the_model_context_are_left_out(smol, tmp_path):
@@ -137,8 +140,9 @@ def test_retrieval_goes_through_the_real_cli_once_per_haystack(smol, tmp_path, c
     monkeypatch.setenv("KVLIB_CODEC", "cli")  # the file path, whose context writes this counts
     saves, save = [], codec_mod.save_kv_cache
     monkeypatch.setattr(codec_mod, "save_kv_cache", lambda *a, **k: saves.append(1) or save(*a, **k))
-    r = run_retrieval(lm, tok, [resolve_codec("int8"), resolve_codec("kivi2")], tmp_path, TINY_R, "smol")
-    assert [s.name for s in r.schemes] == ["int8", "kivi2"]
+    # two codecs that find every key (one that misses decodes 128 tokens a haystack)
+    r = run_retrieval(lm, tok, [resolve_codec("int8"), resolve_codec("int4")], tmp_path, TINY_R, "smol")
+    assert [s.name for s in r.schemes] == ["int8", "int4"]
     assert r.scheme("int8").found == 6  # 8-bit keeps every key
     # One prompt at a time: its cache written once for both codecs, into the one context file.
     assert len(saves) == 6 and len(list(tmp_path.glob("context*.safetensors"))) == 1
@@ -287,9 +291,9 @@ def test_report_figures_state_their_numbers(identity_and_zeroed):
     zero = r["schemes"][1]
     assert [s["name"] for s in r["schemes"]] == ["identity", "zeroed"]
     fig = decoding_report.plot_retrieval(r)
-    assert fig.alt.endswith(f"exact 6/6; identity 6/6; zeroed {zero['found']}/6") and fig.png[:4] == b"\x89PNG"
+    assert fig.alt.endswith(f"exact 2/2; identity 2/2; zeroed {zero['found']}/2") and fig.png[:4] == b"\x89PNG"
     rows = decoding_report.retrieval_rows(r)
-    assert rows[0][:3] == ["exact", "6/6", "100 %"] and rows[0][3:5] == ["3/3", "3/3"]
+    assert rows[0][:3] == ["exact", "2/2", "100 %"] and rows[0][3:5] == ["1/1", "1/1"]
     assert rows[2][0] == "zeroed" and rows[2][-2] == str(zero["dropped"])
 
 
@@ -331,7 +335,7 @@ def test_decoding_units_are_stored_and_reused(smol, tmp_path, cli, monkeypatch):
     ids = tokenize(tok, load_corpus("embedded"))
     codecs = [resolve_codec("int8")]
 
-    grid = RetrievalConfig(lengths=TINY_R.lengths, depths=(0.5,))  # one haystack per length
+    grid = TINY_B
 
     def both():
         r = run_retrieval(lm, tok, codecs, tmp_path / "r", grid, "smol", units=CheckUnits(store, ident, "retrieval"))

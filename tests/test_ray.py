@@ -61,7 +61,7 @@ def test_ruler_on_ray_stores_the_serial_answers(tmp_path, cluster):
     from kvlib.codec.spec import resolve_codec
     from kvlib.runs.ruler import run_ruler_suite
 
-    config = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=3, presses=("knorm",))
+    config = RulerConfig(tasks=("niah_single_1",), lengths=(512,), samples=2, presses=("knorm",))  # one per actor
     codecs = [resolve_codec("int8")]
 
     def answers(r):
