@@ -134,6 +134,9 @@ func exl2Quantizer(bits int) func(x []float32, dst []byte) bool {
 	qmax := 2*m - 1
 	ci := float32(math.Ldexp(1, 1-bits)) // 2^-3 or 2^-7
 	return func(x []float32, dst []byte) bool {
+		if useSIMD && haveF16C {
+			return exl2QuantizeAVX2(bits, x, dst)
+		}
 		var w [exl2Chunk]float32
 		nonFinite := false
 		for i, v := range x[:exl2Chunk] {
@@ -176,6 +179,10 @@ func exl2Quantizer(bits int) func(x []float32, dst []byte) bool {
 func exl2Dequantizer(bits int) func(src []byte, dst []float32) {
 	m := 1 << (bits - 1)
 	return func(src []byte, dst []float32) {
+		if useSIMD && haveF16C {
+			exl2DequantizeAVX2(bits, src, dst)
+			return
+		}
 		var w [exl2Chunk]float32
 		codeBytes := exl2Chunk * bits / 8
 		for g := 0; g < 2; g++ {
@@ -195,5 +202,58 @@ func exl2Dequantizer(bits int) func(src []byte, dst []float32) {
 		for i := range w {
 			dst[i] = rn16(w[i] * (1.0 / 32))
 		}
+	}
+}
+
+// exl2QuantizeAVX2 is exl2Quantizer's chunk with the AVX2 and F16C
+// kernels: the same operations lane by lane (the butterfly's rn16 is
+// VCVTPS2PH and back, a NaN made sign | 0x7fc00000; rn16of64(qf·m + m) is
+// rn16 of the float32 sum, as that sum is exact whenever |qf| >= 2^-13
+// and rounds to m in fp16 otherwise, before and after a float32 rounding).
+func exl2QuantizeAVX2(bits int, x []float32, dst []byte) bool {
+	var w [exl2Chunk]float32
+	a0, a1, top := exl2EncRotAVX2(&w, (*[exl2Chunk]float32)(x[:exl2Chunk]))
+	m := float32(int(1) << (bits - 1))
+	ci := float32(math.Ldexp(1, 1-bits))
+	codeBytes := exl2Chunk * bits / 8
+	binary.LittleEndian.PutUint16(dst[codeBytes:], safetensors.Float32ToFP16(a0*ci))
+	binary.LittleEndian.PutUint16(dst[codeBytes+2:], safetensors.Float32ToFP16(a1*ci))
+	g0, g1 := (*[32]float32)(w[:32]), (*[32]float32)(w[32:])
+	qmax := int32(2*m - 1)
+	if bits == 8 {
+		exl2Codes8AVX2((*[32]uint8)(dst[:32]), g0, a0, m, qmax)
+		exl2Codes8AVX2((*[32]uint8)(dst[32:64]), g1, a1, m, qmax)
+	} else {
+		exl2Codes4AVX2((*[16]uint8)(dst[:16]), g0, a0, m, qmax)
+		exl2Codes4AVX2((*[16]uint8)(dst[16:32]), g1, a1, m, qmax)
+	}
+	return top != 0
+}
+
+// exl2DequantizeAVX2 is exl2Dequantizer's chunk with the AVX2 and F16C
+// kernels.
+func exl2DequantizeAVX2(bits int, src []byte, dst []float32) {
+	codeBytes := exl2Chunk * bits / 8
+	s0 := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[codeBytes:]))
+	s1 := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[codeBytes+2:]))
+	out := (*[exl2Chunk]float32)(dst[:exl2Chunk])
+	if bits == 8 {
+		exl2Dec8AVX2(out, (*[exl2Chunk]uint8)(src[:exl2Chunk]), s0, s1, 128)
+	} else {
+		exl2Dec4AVX2(out, (*[exl2Chunk / 2]uint8)(src[:exl2Chunk/2]), s0, s1, 8)
+	}
+}
+
+// rn16s is rn16 of every element of x, in place.
+func rn16s(x []float32) {
+	n := 0
+	if useSIMD && haveF16C {
+		n = simdLen(len(x))
+		if n > 0 {
+			rn16sAVX2(x[:n])
+		}
+	}
+	for i := n; i < len(x); i++ {
+		x[i] = rn16(x[i])
 	}
 }

@@ -39,3 +39,38 @@ func TestRN16IsTheFP16RoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// engineBenchFormats are the engine formats with kernels of their own
+// (exllamav2.go, exllamav3.go), benchmarked one by one on the bench cache.
+var engineBenchFormats = []string{"exllamav2:fp8", "exllamav2:q4", "exllamav2:q8", "exllamav2:q6",
+	"exllamav3:2", "exllamav3:3", "exllamav3:4", "exllamav3:8"}
+
+// BenchmarkEngineFormat is compress+restore of each of engineBenchFormats
+// (MB/s of F32 input), with the AVX2 kernels and, as portable, without.
+func BenchmarkEngineFormat(b *testing.B) {
+	for _, name := range engineBenchFormats {
+		spec, err := ParseSpec(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg := DefaultConfig()
+		cfg.Spec = spec
+		for _, simd := range []bool{true, false} {
+			sub := name
+			if !simd {
+				sub += "/portable"
+			}
+			b.Run(sub, func(b *testing.B) {
+				saved := useSIMD
+				useSIMD = simd && haveSIMD
+				defer func() { useSIMD = saved }()
+				b.SetBytes(int64(benchBytes()))
+				for i := 0; i < b.N; i++ {
+					if _, err := Compress(benchCache, cfg); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

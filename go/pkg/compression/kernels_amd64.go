@@ -5,6 +5,10 @@ import "kvlib/pkg/cpu"
 // haveSIMD reports AVX2 on the CPU and its registers enabled by the OS.
 var haveSIMD = cpu.X86.AVX2
 
+// haveF16C reports F16C beside AVX2: the kernels of ExLlama's emulated fp16
+// arithmetic (exl2EncRotAVX2, exl2CodesAVX2, exl2DecAVX2, rn16sAVX2) need both.
+var haveF16C = haveSIMD && cpu.X86.F16C
+
 // The assembly kernels (kernels_amd64.s); see their Go versions in kernels.go.
 
 //go:noescape
@@ -75,3 +79,21 @@ func lmDequantAVX2(dst []float32, codes []int8, y *[16]float32)
 
 //go:noescape
 func rneCodes32AVX2(q []uint8, x []float32, id float32)
+
+//go:noescape
+func exl2EncRotAVX2(w, x *[exl2Chunk]float32) (amax0, amax1 float32, top uint32)
+
+//go:noescape
+func exl2Codes8AVX2(q *[32]uint8, w *[32]float32, amax, m float32, qmax int32)
+
+//go:noescape
+func exl2Codes4AVX2(q *[16]uint8, w *[32]float32, amax, m float32, qmax int32)
+
+//go:noescape
+func exl2Dec8AVX2(dst *[exl2Chunk]float32, q *[exl2Chunk]uint8, s0, s1 float32, m int32)
+
+//go:noescape
+func exl2Dec4AVX2(dst *[exl2Chunk]float32, q *[exl2Chunk / 2]uint8, s0, s1 float32, m int32)
+
+//go:noescape
+func rn16sAVX2(x []float32)

@@ -764,3 +764,327 @@ TEXT ·rneCodes32AVX2(SB), NOSPLIT, $0-52
 	packCodes32(VPACKSSWB)
 	VZEROUPPER
 	RET
+
+// The fp16 round trip of ExLlama's emulated fp16 arithmetic (rn16 in
+// exllamav2.go) on 8 lanes: VCVTPS2PH (round to nearest even, subnormals
+// kept, overflow to Inf) and back is rn16 for every non-NaN; a NaN lane is
+// sign | 0x7fc00000, as rn16 gives (F16C would keep the top of its payload).
+// Y14 holds the sign mask, Y15 0x7fc00000; X8, Y9, Y10 are clobbered.
+#define rn16(R) \
+	VCVTPS2PH $0, R, X8 \
+	VCVTPH2PS X8, Y9 \
+	VCMPPS    $3, R, R, Y10 \
+	VANDPS    Y14, R, R \
+	VORPS     Y15, R, R \
+	VBLENDVPS Y10, R, Y9, R
+
+splat(signmask, $0x8000000080000000)
+
+splat(qnan32, $0x7fc000007fc00000)
+
+// exl2Intra runs butterfly stages h = 2 and 4 of exl2Hadamard on the 8
+// values of R, each stage's results through rn16 (Y11-Y13 clobbered).
+#define exl2Intra(R) \
+	VPERMILPS  $0x4e, R, Y11 \
+	VADDPS     Y11, R, Y12 \
+	VSUBPS     R, Y11, Y13 \
+	VBLENDPS   $0xcc, Y13, Y12, R \
+	rn16(R) \
+	VPERM2F128 $0x01, R, R, Y11 \
+	VADDPS     Y11, R, Y12 \
+	VSUBPS     R, Y11, Y13 \
+	VBLENDPS   $0xf0, Y13, Y12, R \
+	rn16(R)
+
+// exl2Pair is one butterfly of two registers: A, B = rn16(A+B), rn16(A-B).
+#define exl2Pair(A, B) \
+	VADDPS  B, A, Y11 \
+	VSUBPS  B, A, B \
+	VMOVAPS Y11, A \
+	rn16(A) \
+	rn16(B)
+
+// exl2Butterfly is exl2Hadamard on the chunk of 64 in Y0-Y7.
+#define exl2Butterfly \
+	exl2Intra(Y0) \
+	exl2Intra(Y1) \
+	exl2Intra(Y2) \
+	exl2Intra(Y3) \
+	exl2Intra(Y4) \
+	exl2Intra(Y5) \
+	exl2Intra(Y6) \
+	exl2Intra(Y7) \
+	exl2Pair(Y0, Y1) \
+	exl2Pair(Y2, Y3) \
+	exl2Pair(Y4, Y5) \
+	exl2Pair(Y6, Y7) \
+	exl2Pair(Y0, Y2) \
+	exl2Pair(Y1, Y3) \
+	exl2Pair(Y4, Y6) \
+	exl2Pair(Y5, Y7) \
+	exl2Pair(Y0, Y4) \
+	exl2Pair(Y1, Y5) \
+	exl2Pair(Y2, Y6) \
+	exl2Pair(Y3, Y7)
+
+// exl2AbsMax is the largest |v| of Y(A) .. Y(A+3) into X(ACC) (its lowest
+// lane): VMAXPS returns its second source when the first is a NaN, so a NaN
+// never wins, as in the Go loop. Y8-Y10 clobbered; Y13 holds the abs mask.
+#define exl2AbsMax(R0, R1, R2, R3, ACC, XACC) \
+	VXORPS       ACC, ACC, ACC \
+	VANDPS       Y13, R0, Y8 \
+	VMAXPS       ACC, Y8, ACC \
+	VANDPS       Y13, R1, Y8 \
+	VMAXPS       ACC, Y8, ACC \
+	VANDPS       Y13, R2, Y8 \
+	VMAXPS       ACC, Y8, ACC \
+	VANDPS       Y13, R3, Y8 \
+	VMAXPS       ACC, Y8, ACC \
+	VEXTRACTF128 $1, ACC, X8 \
+	VMAXPS       X8, XACC, XACC \
+	VPERMILPS    $0x4e, XACC, X8 \
+	VMAXPS       X8, XACC, XACC \
+	VPERMILPS    $0xb1, XACC, X8 \
+	VMAXPS       X8, XACC, XACC
+
+// exl2Top ORs (bits & 0x7f800000) + 0x00800000 of R into Y11: the top
+// bit is set where the exponent is all ones (a NaN or an Inf).
+#define exl2Top(R) \
+	VPAND  Y12, R, Y8 \
+	VPADDD Y13, Y8, Y8 \
+	VPOR   Y8, Y11, Y11
+
+splat(expmask, $0x7f8000007f800000)
+
+splat(expone, $0x0080000000800000)
+
+// func exl2EncRotAVX2(w, x *[64]float32) (amax0, amax1 float32, top uint32)
+TEXT ·exl2EncRotAVX2(SB), NOSPLIT, $0-28
+	MOVQ    w+0(FP), DI
+	MOVQ    x+8(FP), SI
+	VMOVDQU signmask<>(SB), Y14
+	VMOVDQU qnan32<>(SB), Y15
+	VMOVDQU expmask<>(SB), Y12
+	VMOVDQU expone<>(SB), Y13
+	VPXOR   Y11, Y11, Y11
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	VMOVUPS 128(SI), Y4
+	VMOVUPS 160(SI), Y5
+	VMOVUPS 192(SI), Y6
+	VMOVUPS 224(SI), Y7
+	exl2Top(Y0)
+	exl2Top(Y1)
+	exl2Top(Y2)
+	exl2Top(Y3)
+	exl2Top(Y4)
+	exl2Top(Y5)
+	exl2Top(Y6)
+	exl2Top(Y7)
+	VMOVMSKPS Y11, AX
+	MOVL      AX, top+24(FP)
+	rn16(Y0)
+	rn16(Y1)
+	rn16(Y2)
+	rn16(Y3)
+	rn16(Y4)
+	rn16(Y5)
+	rn16(Y6)
+	rn16(Y7)
+	exl2Butterfly
+	VMOVUPS Y0, 0(DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VMOVUPS Y4, 128(DI)
+	VMOVUPS Y5, 160(DI)
+	VMOVUPS Y6, 192(DI)
+	VMOVUPS Y7, 224(DI)
+	VMOVDQU absmask<>(SB), Y13
+	exl2AbsMax(Y0, Y1, Y2, Y3, Y11, X11)
+	exl2AbsMax(Y4, Y5, Y6, Y7, Y12, X12)
+	VMOVSS  X11, amax0+16(FP)
+	VMOVSS  X12, amax1+20(FP)
+	VZEROUPPER
+	RET
+
+// exl2Code is clamp(rint(rn16(rn16(w/amax)·m + m)), 0, qmax) for the 8
+// values at OFF(SI), into R (an int32 each; a NaN converts to 0x80000000,
+// which the clamp takes to 0). Y11 amax, Y12 m, Y13 qmax (int32), Y4 zero.
+#define exl2Code(OFF, R) \
+	VMOVUPS   OFF(SI), R \
+	VDIVPS    Y11, R, R \
+	rn16(R) \
+	VMULPS    Y12, R, R \
+	VADDPS    Y12, R, R \
+	rn16(R) \
+	VCVTPS2DQ R, R \
+	VPMAXSD   Y4, R, R \
+	VPMINSD   Y13, R, R
+
+// exl2Codes32 leaves the 32 codes of (SI) in order as bytes in Y0; Y11
+// holds amax, Y12 m, Y13 qmax (int32).
+#define exl2Codes32 \
+	VPXOR        Y4, Y4, Y4 \
+	VMOVDQU      signmask<>(SB), Y14 \
+	VMOVDQU      qnan32<>(SB), Y15 \
+	VMOVDQU      packorder<>(SB), Y5 \
+	exl2Code(0, Y0) \
+	exl2Code(32, Y1) \
+	exl2Code(64, Y2) \
+	exl2Code(96, Y3) \
+	VPACKSSDW    Y1, Y0, Y0 \
+	VPACKSSDW    Y3, Y2, Y2 \
+	VPACKUSWB    Y2, Y0, Y0 \
+	VPERMD       Y0, Y5, Y0
+
+// func exl2Codes8AVX2(q *[32]uint8, w *[32]float32, amax, m float32, qmax int32)
+TEXT ·exl2Codes8AVX2(SB), NOSPLIT, $0-28
+	MOVQ    q+0(FP), DI
+	MOVQ         w+8(FP), SI
+	VBROADCASTSS amax+16(FP), Y11
+	VBROADCASTSS m+20(FP), Y12
+	VBROADCASTSS qmax+24(FP), Y13
+	exl2Codes32
+	VMOVDQU Y0, (DI)
+	VZEROUPPER
+	RET
+
+// func exl2Codes4AVX2(q *[16]uint8, w *[32]float32, amax, m float32, qmax int32)
+// stores the codes two a byte, element 2k in the low nibble.
+TEXT ·exl2Codes4AVX2(SB), NOSPLIT, $0-28
+	MOVQ         q+0(FP), DI
+	MOVQ         w+8(FP), SI
+	VBROADCASTSS amax+16(FP), Y11
+	VBROADCASTSS m+20(FP), Y12
+	VBROADCASTSS qmax+24(FP), Y13
+	exl2Codes32
+	VMOVDQU      mul16<>(SB), Y7
+	VPMADDUBSW   Y7, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPACKUSWB    X1, X0, X0
+	VMOVDQU      X0, (DI)
+	VZEROUPPER
+	RET
+
+// exl2Value is rn16(float32(q - m) · S) for the 8 codes (int32) in R; Y12
+// holds m (int32).
+#define exl2Value(S, R) \
+	VPSUBD    Y12, R, R \
+	VCVTDQ2PS R, R \
+	VMULPS    S, R, R \
+	rn16(R)
+
+// exl2Out is rn16(R · 2^-5) stored at OFF(DI); Y13 holds 2^-5.
+#define exl2Out(R, OFF) \
+	VMULPS  Y13, R, R \
+	rn16(R) \
+	VMOVUPS R, OFF(DI)
+
+// exl2Dec is exl2Dequantizer's chunk from the codes (int32) in Y0-Y7.
+#define exl2Dec \
+	exl2Value(Y11, Y0) \
+	exl2Value(Y11, Y1) \
+	exl2Value(Y11, Y2) \
+	exl2Value(Y11, Y3) \
+	exl2Value(Y13, Y4) \
+	exl2Value(Y13, Y5) \
+	exl2Value(Y13, Y6) \
+	exl2Value(Y13, Y7) \
+	exl2Butterfly \
+	VBROADCASTSS exl2inv32<>(SB), Y13 \
+	exl2Out(Y0, 0) \
+	exl2Out(Y1, 32) \
+	exl2Out(Y2, 64) \
+	exl2Out(Y3, 96) \
+	exl2Out(Y4, 128) \
+	exl2Out(Y5, 160) \
+	exl2Out(Y6, 192) \
+	exl2Out(Y7, 224)
+
+// func exl2Dec8AVX2(dst *[64]float32, q *[64]uint8, s0, s1 float32, m int32)
+TEXT ·exl2Dec8AVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         q+8(FP), SI
+	VBROADCASTSS s0+16(FP), Y11
+	VBROADCASTSS s1+20(FP), Y13
+	VBROADCASTSS m+24(FP), Y12
+	VMOVDQU      signmask<>(SB), Y14
+	VMOVDQU      qnan32<>(SB), Y15
+	VPMOVZXBD 0(SI), Y0
+	VPMOVZXBD 8(SI), Y1
+	VPMOVZXBD 16(SI), Y2
+	VPMOVZXBD 24(SI), Y3
+	VPMOVZXBD 32(SI), Y4
+	VPMOVZXBD 40(SI), Y5
+	VPMOVZXBD 48(SI), Y6
+	VPMOVZXBD 56(SI), Y7
+	exl2Dec
+	VZEROUPPER
+	RET
+
+// func exl2Dec4AVX2(dst *[64]float32, q *[32]uint8, s0, s1 float32, m int32)
+// reads the codes two a byte, element 2k in the low nibble.
+TEXT ·exl2Dec4AVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         q+8(FP), SI
+	VBROADCASTSS s0+16(FP), Y11
+	VBROADCASTSS s1+20(FP), Y13
+	VBROADCASTSS m+24(FP), Y12
+	VMOVDQU      signmask<>(SB), Y14
+	VMOVDQU      qnan32<>(SB), Y15
+	VMOVDQU    nibble<>(SB), X6
+	VMOVDQU    0(SI), X4
+	VMOVDQU    16(SI), X5
+	VPAND      X6, X4, X0
+	VPSRLW     $4, X4, X1
+	VPAND      X6, X1, X1
+	VPUNPCKLBW X1, X0, X2 // codes 0-15
+	VPUNPCKHBW X1, X0, X3 // codes 16-31
+	VPAND      X6, X5, X0
+	VPSRLW     $4, X5, X1
+	VPAND      X6, X1, X1
+	VPUNPCKLBW X1, X0, X4 // codes 32-47
+	VPUNPCKHBW X1, X0, X5 // codes 48-63
+	VPSRLDQ    $8, X5, X7
+	VPMOVZXBD  X7, Y7
+	VPMOVZXBD  X5, Y6
+	VPSRLDQ    $8, X4, X5
+	VPMOVZXBD  X5, Y5
+	VPMOVZXBD  X4, Y4
+	VPSRLDQ    $8, X2, X8
+	VPSRLDQ    $8, X3, X9
+	VMOVDQA    X3, X10
+	VPMOVZXBD  X2, Y0
+	VPMOVZXBD  X8, Y1
+	VPMOVZXBD  X10, Y2
+	VPMOVZXBD  X9, Y3
+	exl2Dec
+	VZEROUPPER
+	RET
+
+DATA exl2inv32<>+0(SB)/4, $0x3d000000
+GLOBL exl2inv32<>(SB), RODATA|NOPTR, $4
+
+// func rn16sAVX2(x []float32)
+TEXT ·rn16sAVX2(SB), NOSPLIT, $0-24
+	MOVQ    x_base+0(FP), SI
+	MOVQ    x_len+8(FP), CX
+	SHRQ    $3, CX
+	JZ      rn16s_done
+	VMOVDQU signmask<>(SB), Y14
+	VMOVDQU qnan32<>(SB), Y15
+
+rn16s_loop:
+	VMOVUPS (SI), Y0
+	rn16(Y0)
+	VMOVUPS Y0, (SI)
+	ADDQ    $32, SI
+	DECQ    CX
+	JNZ     rn16s_loop
+
+rn16s_done:
+	VZEROUPPER
+	RET

@@ -6,6 +6,9 @@ package compression
 // the assembly entry points below are never called.
 const haveSIMD = false
 
+// haveF16C is false likewise (see kernels_amd64.go).
+const haveF16C = false
+
 func noSIMD() { panic("compression: no SIMD kernels on this architecture") }
 
 func absMaxBitsAVX2([]float32) uint32                            { noSIMD(); return 0 }
@@ -34,3 +37,13 @@ func lmCodes8AVX2([]int8, []float32, *[15]float32)                             {
 func lmCodes16AVX2([]int8, []float32, *[15]float32)                            { noSIMD() }
 func lmDequantAVX2([]float32, []int8, *[16]float32)                            { noSIMD() }
 func rneCodes32AVX2([]uint8, []float32, float32)                               { noSIMD() }
+
+func exl2EncRotAVX2(*[exl2Chunk]float32, *[exl2Chunk]float32) (float32, float32, uint32) {
+	noSIMD()
+	return 0, 0, 0
+}
+func exl2Codes8AVX2(*[32]uint8, *[32]float32, float32, float32, int32)                 { noSIMD() }
+func exl2Codes4AVX2(*[16]uint8, *[32]float32, float32, float32, int32)                 { noSIMD() }
+func exl2Dec8AVX2(*[exl2Chunk]float32, *[exl2Chunk]uint8, float32, float32, int32)     { noSIMD() }
+func exl2Dec4AVX2(*[exl2Chunk]float32, *[exl2Chunk / 2]uint8, float32, float32, int32) { noSIMD() }
+func rn16sAVX2([]float32)                                                              { noSIMD() }

@@ -235,6 +235,34 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"rn16s": func(x []float32, r *rand.Rand) string {
+			v := slices.Clone(x)
+			rn16s(v)
+			return bitsOf(v)
+		},
+		"exllama": func(x []float32, r *rand.Rand) string {
+			var s string
+			// Finite fp16 scales and Inf (a NaN scale's payload is the F16C read's, either way).
+			scales := []uint16{0x3c00, 0x0001, 0x2e66, 0x7bff, 0x7c00, 0xfc00, 0x8000, 0x5640}
+			for _, bits := range []int{4, 8} {
+				quant, dequant := exl2Quantizer(bits), exl2Dequantizer(bits)
+				size := exl2Chunk*bits/8 + 4
+				for i := 0; i+exl2Chunk <= len(x); i += exl2Chunk {
+					blk := make([]byte, size)
+					nf := quant(x[i:i+exl2Chunk], blk)
+					y := make([]float32, exl2Chunk)
+					dequant(blk, y)
+					s += fmt.Sprint(nf, blk) + bitsOf(y)
+					r.Read(blk[:size-4])
+					for g := 0; g < 2; g++ {
+						binary.LittleEndian.PutUint16(blk[size-4+2*g:], scales[r.Intn(len(scales))])
+					}
+					dequant(blk, y)
+					s += bitsOf(y)
+				}
+			}
+			return s
+		},
 	}
 	return kernels
 }
@@ -278,7 +306,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs
