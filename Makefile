@@ -49,6 +49,9 @@ ZOO_BUDGET  := $(if $(filter command line environment,$(origin BUDGET)),$(BUDGET
 ZOO_RULER_LENGTHS ?=
 ZOO_RULER_SAMPLES ?= 25
 ZOO_RULER_JSON    ?=
+# An engine's menu on every model too (llama.cpp, vllm, sglang, trtllm, exllamav2, exllamav3, ocp, lmcache, all):
+# as kv-validate --engine measures it (write mode, prefix beside, calibrated twins), in the zoo report.
+ZOO_ENGINE        ?=
 # Beyond perplexity (empty: the notebook's defaults). RETRIEVAL=False / GENERATION=False skip a check.
 RETRIEVAL          ?=
 RETRIEVAL_LENGTHS  ?=
@@ -179,7 +182,7 @@ zoo: setup
 	$(PAPERMILL) notebooks/zoo.ipynb $(BUILD)/executed/zoo.ipynb -k kvlib -r models "$(ZOO_MODELS)" \
 	  -r schemes "$(ZOO_SCHEMES)" -p peers $(PEERS) -p corpus $(CORPUS) -p max_windows $(ZOO_WINDOWS) -p stride $(STRIDE) \
 	  -p device $(DEVICE) -r dtype $(DTYPE) -p output_dir $(CURDIR)/$(REPORTS) -r budget "$(ZOO_BUDGET)" \
-	  -r ruler_lengths "$(ZOO_RULER_LENGTHS)" -p ruler_samples $(ZOO_RULER_SAMPLES) \
+	  -r ruler_lengths "$(ZOO_RULER_LENGTHS)" -p ruler_samples $(ZOO_RULER_SAMPLES) -r engine "$(ZOO_ENGINE)" \
 	  -r ruler_json "$(subst $(SPACE),$(COMMA),$(strip $(abspath $(subst $(COMMA),$(SPACE),$(ZOO_RULER_JSON)))))"
 	$(PY) -m jupyter nbconvert --to html --no-input --output-dir $(REPORTS) $(BUILD)/executed/zoo.ipynb
 	@echo "Zoo: $(CURDIR)/$(REPORTS)/zoo.html (results: $(REPORTS)/zoo.json)"

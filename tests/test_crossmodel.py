@@ -126,3 +126,43 @@ def test_saved_ruler_runs_give_the_zoo_its_ruler_columns(result, tmp_path):
     with pytest.raises(ValueError, match="ruler0.json.*not a kvlib RULER result"):
         paths[0].write_text("{}")
         crossmodel.attach_ruler(zoo, [paths[0]])
+
+
+@pytest.fixture(scope="module")
+def engine_result(result, tmp_path_factory):
+    """The same two models with OCP's MX menu (mxfp8, mxfp4) swept beside, as make zoo ZOO_ENGINE=ocp."""
+    _, _, dirs = result
+    corpus = word_corpus(tmp_path_factory.mktemp("corpus-engine") / "words.txt", 900, seed=2)
+    r = crossmodel.run_models(dirs, ["q8_0"], corpus_name=str(corpus), max_windows=3, stride=64, context_length=160,
+                              peers=False, verbose=False, engine="ocp")
+    out = tmp_path_factory.mktemp("zoo-engine") / "zoo.json"
+    r.to_json(out)
+    return crossmodel.CrossModelResult.from_json(out), dirs
+
+
+def test_an_engine_menu_runs_on_every_model_in_its_mode_and_the_table_equals_the_json(engine_result):
+    r, dirs = engine_result
+    d = r.to_dict()
+    assert r.engine == "ocp" and {f"{m}_engine_s" for m in dirs} <= set(d["timing"])
+    tables = [sw["engine_tables"]["ocp"] for sw in d["sweeps"]]
+    assert all(t["mode"] == "write" and {row["option"] for row in t["rows"]} == {"ocp:mxfp8_e4m3", "ocp:mxfp4"}
+               for t in tables)
+    assert all("beside" in row and row["beside"]["mode"] == "prefix" for t in tables for row in t["rows"])
+    headers, rows = crossmodel_report.engine_rows(d)["ocp"]
+    assert headers == ["option", "flags", *(f"{m} (write mode)" for m in dirs)]
+    assert sorted(row[0] for row in rows[:-1]) == ["ocp:mxfp4", "ocp:mxfp8_e4m3"]
+    assert rows[-1][0] == "<b>cheapest that passes</b>"
+    line = {row[0]: row for row in rows}
+    for t, col in zip(tables, range(2, 2 + len(dirs))):
+        for row in t["rows"]:
+            cell = line[row["option"]][col]
+            assert fmt(row["context_delta"], "+.3f") in cell and fmt(row["bits_per_element"], ".2f") in cell
+        assert rows[-1][col] == (f"<b>{t['cheapest']}</b>" if t["cheapest"] else "none passes robustly")
+    assert "kvlib-zoo-engine-ocp" in crossmodel_report.engine_table(d).data
+
+
+def test_no_engine_no_engine_table_and_an_unknown_engine_fails_before_any_model(result):
+    r, d, dirs = result
+    assert crossmodel_report.engine_table(d) is None and r.engine is None
+    with pytest.raises(ValueError, match="nosuch"):
+        crossmodel.run_models(dirs, ["q8_0"], engine="nosuch", verbose=False)

@@ -99,6 +99,58 @@ def ruler_rows(result: CrossModelResult | dict[str, Any]) -> tuple[list[str], li
     return headers, rows
 
 
+def _engine_cell(row: dict[str, Any] | None) -> str:
+    """One option on one model: the gated delta in the engine's mode (colour: robust pass / pass /
+    fail), its CI, KLD, top-1 and bits as the engine stores them; grey with the reason where the
+    engine refuses the option for the model."""
+    if row is None:
+        return "–"
+    if row.get("unavailable"):
+        return f'<span style="color:#777" title="{html.escape(row["unavailable"])}">unavailable</span>'
+    color = "#1a7f37" if row["robust"] else ("#9a6700" if row["verdict"].startswith("PASS") else "#cf222e")
+    b = row.get("beside")
+    other = (f' · {b["mode"]} {fmt(b["context_delta"], "+.3f")}' if b else "")
+    return (f'<span style="color:{color};font-weight:600">{fmt(row["context_delta"], "+.3f")}</span>'
+            f'<br><span style="color:#57606a;font-size:11px">[{fmt(row["ci_low"], "+.3f")}, {fmt(row["ci_high"], "+.3f")}]'
+            f' KLD {fmt(row["kld_mean"], ".4f")} · top-1 {fmt(row["top1_agreement"], ".1f")} %'
+            f' · {fmt(row["bits_per_element"], ".2f")} bits{other}</span>')
+
+
+def engine_rows(result: CrossModelResult | dict[str, Any]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """Per engine (``make zoo ZOO_ENGINE=...``): option × model cells (kvlib.runs.engines' rows), the
+    flags to pass, and last the cheapest option that passes robustly on each model; empty without one."""
+    r = _as_dict(result)
+    models = [sw.get("model_spec", sw["model"]) for sw in r["sweeps"]]
+    tables: dict[str, dict[str, Any]] = {}
+    for m, sw in zip(models, r["sweeps"]):
+        for engine, t in (sw.get("engine_tables") or {}).items():
+            tables.setdefault(engine, {})[m] = t
+    out = {}
+    for engine, per_model in tables.items():
+        by = {(m, row["option"]): row for m, t in per_model.items() for row in t["rows"]}
+        flags = {row["option"]: row["flags"] for t in per_model.values() for row in t["rows"]}
+        rows = [[html.escape(o), f"<code>{html.escape(f)}</code>"] + [_engine_cell(by.get((m, o))) for m in models]
+                for o, f in flags.items()]
+        best = [per_model[m]["cheapest"] if m in per_model else None for m in models]
+        rows.append(["<b>cheapest that passes</b>", ""] + [f"<b>{html.escape(b)}</b>" if b else "none passes robustly"
+                                                          for b in best])
+        mode = next(iter(per_model.values()))["mode"]
+        out[engine] = (["option", "flags", *(f"{m} ({mode} mode)" for m in models)], rows)
+    return out
+
+
+def engine_table(result: CrossModelResult | dict[str, Any]):
+    """engine_rows as one HTML table per engine, or None when no engine's menu ran."""
+    from IPython.display import HTML
+
+    tables = engine_rows(result)
+    if not tables:
+        return None
+    parts = [f"<h4>{html.escape(e)}</h4>" + html_table(f"kvlib-zoo-engine-{e}", h, rows, wrap=(1,)).data
+             for e, (h, rows) in tables.items()]
+    return HTML("".join(parts))
+
+
 def ruler_table(result: CrossModelResult | dict[str, Any]):
     headers, rows = ruler_rows(result)
     return html_table("kvlib-zoo-ruler", headers, rows) if rows else None

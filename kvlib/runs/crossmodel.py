@@ -25,7 +25,7 @@ from kvlib.gates import PPL_DELTA_THRESHOLD
 from kvlib.scoring.stats import spearman
 from kvlib.budget.plan import parse_budgets
 from kvlib.runs.ruler import run_ruler_suite
-from kvlib.runs.sweep import MIX_PREFIX, run_sweep, write_json
+from kvlib.runs.sweep import MIX_PREFIX, engine_mode, engine_schemes, run_sweep, write_json
 
 ZOO_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 ZOO_SCHEMES = ("int4", "kivi4", "rot4", "q4_0", "q8_0")
@@ -43,6 +43,7 @@ class CrossModelResult:
     threshold: float
     sweeps: list[dict[str, Any]]
     timing: dict[str, float] = field(default_factory=dict)
+    engine: str | None = None  # whose menu each model's "engine_tables" hold (kvlib.runs.engines)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -57,7 +58,7 @@ class CrossModelResult:
         """A result written by to_json (to re-render a report without running the models again)."""
         d = json.loads(Path(path).read_text())
         try:
-            return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+            return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k != "engine"}, engine=d.get("engine"))
         except KeyError as e:
             raise ValueError(f"{path}: not a kvlib cross-model result (no {e.args[0]!r})") from None
 
@@ -70,14 +71,18 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
                corpus_name: str = corpus.EMBEDDED, max_windows: int | None = 8, stride: int = 512,
                peers: bool = True, threshold: float = PPL_DELTA_THRESHOLD, device: str | None = None,
                dtype: str | None = None, context_length: int | None = None, verbose: bool = True,
-               budget: str | list[float] | None = None, ruler: RulerConfig | None = None) -> CrossModelResult:
+               budget: str | list[float] | None = None, ruler: RulerConfig | None = None,
+               engine: str | None = None) -> CrossModelResult:
     """Sweep ``schemes`` on every model in turn (a zoo model is fetched first); ``budget`` (bits per
     element, one or a list) adds each model's own mix@BUDGET, planned on that model; ``ruler`` runs
     the RULER suite on each model's presets too (its units in the results store: a rerun resumes;
-    without the presses, which the zoo report does not show)."""
+    without the presses, which the zoo report does not show); ``engine`` (a name ``--engine`` takes)
+    sweeps that engine's menu on each model as ``kv-validate --engine`` does (its mode, calibrated
+    twins, prefix beside write) into the model's ``engine_tables``."""
     budgets = budget if isinstance(budget, list) else parse_budgets(budget)
     if not model_names:
         raise ValueError("no models to compare")
+    menu = engine_schemes(engine) if engine else []  # an unknown engine fails before any model loads
     for m in model_names:  # a bad name or path fails before the first long sweep; zoo models are fetched now
         resolve_model(m)
     t0 = time.perf_counter()
@@ -95,6 +100,12 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
         seconds[f"{m}_s"] = time.perf_counter() - t
         del r
         gc.collect()
+        if engine:
+            t = time.perf_counter()
+            d["engine_tables"] = engine_sweep(menu, engine, m, corpus_name, device, dtype, threshold, stride,
+                                              max_windows, context_length, verbose)
+            seconds[f"{m}_engine_s"] = time.perf_counter() - t
+            gc.collect()
         if ruler is not None:
             t = time.perf_counter()
             ran = {s["name"] for s in d["schemes"] if not s.get("error")}  # not one the model's engine refuses
@@ -105,7 +116,22 @@ def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: l
             gc.collect()
     mixes = [f"{MIX_PREFIX}{b:g}" for b in budgets]
     return CrossModelResult(list(model_names), list(schemes) + mixes, corpus.load_corpus(corpus_name).name, max_windows,
-                            stride, threshold, sweeps, {"total_s": time.perf_counter() - t0, **seconds})
+                            stride, threshold, sweeps, {"total_s": time.perf_counter() - t0, **seconds}, engine or None)
+
+
+def engine_sweep(menu: list[str], engine: str, model: str, corpus_name: str, device: str | None, dtype: str | None,
+                 threshold: float, stride: int, max_windows: int | None, context_length: int | None,
+                 verbose: bool) -> dict[str, Any]:
+    """One model's engine tables (kvlib.runs.engines.engine_tables) over the zoo's windows, measured
+    as ``kv-validate --engine`` measures them: the engine's mode, calibrated scale twins, the prefix
+    mode beside a write-mode verdict. The cheapest passes are not re-run on fresh windows here
+    (the CLI's --confirm-windows does that)."""
+    mode = engine_mode(engine)
+    r = run_sweep(menu, model=model, corpus_name=corpus_name, device=device, dtype=dtype, threshold=threshold,
+                  stride=stride, max_windows=max_windows, context_length=context_length, peers=False,
+                  verbose=verbose, progress=verbose, checks=DecodingChecks(), mode=mode, calibrate_scales=True,
+                  beside="prefix" if mode == "write" else None)
+    return r.engines
 
 
 def attach_ruler(result: CrossModelResult, paths: list[str | os.PathLike]) -> None:
