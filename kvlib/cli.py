@@ -93,9 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lossless", action="store_true", help="add kv-compress's lossless stage (smaller files, same results)")
     p.add_argument("--no-peers", action="store_true", help="in a sweep, leave out transformers' QuantizedCache peer")
     p.add_argument("--peers", metavar="NAME[,NAME]", default=None,
-                   help="in a sweep, which of transformers' QuantizedCache peers run: families (hf-quanto, hf-hqq) or "
+                   help="which of transformers' QuantizedCache peers run beside the schemes: families (hf-quanto, hf-hqq) or "
                    "rows (hf-hqq-int4), comma-separated (default hf-quanto; hf-hqq, HQQ's backend, is opt-in: slower, "
-                   "and it refuses caches of some shapes)")
+                   "and it refuses caches of some shapes); with one --scheme, it and the peers run as a sweep")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="model precision (auto: float32 on CPU, float16 on CUDA)")
     p.add_argument("--bits", type=int, default=None, help="code width, 2-8 (overrides the scheme's, both roles)")
@@ -202,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.peers is not None:
             if args.no_peers:
                 raise ValueError("--peers and --no-peers: give one")
+            if args.engine:
+                raise ValueError("--peers and --engine: an engine's table holds its own options only (run the peers "
+                                 "in a sweep of schemes)")
             peer_transforms(args.peers)  # an unknown name fails here, naming the choices
         specs = list(args.scheme or [])
         if args.schemes:
@@ -246,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.engine and args.confirm_windows and args.confirm_windows < MIN_CI_UNITS:
             raise ValueError(f"--confirm-windows {args.confirm_windows}: a confirmation needs a CI, {MIN_CI_UNITS} "
                              f"windows or more (0: none)")
-        if len(codecs) > 1 or budgets or args.sensitivity:
+        if args.peers is not None and args.quick_test:
+            raise ValueError("--peers runs transformers' caches beside the schemes on a model: it does not run with --quick-test")
+        # --peers with one scheme asks for the peers beside it: a sweep of that one scheme and the peers
+        if len(codecs) > 1 or budgets or args.sensitivity or args.peers is not None:
             sweep = run_sweep(codecs, model=args.model, corpus_name=args.corpus, device="cpu" if args.cpu else None,
                               dtype=args.dtype, threshold=args.threshold, stride=args.stride,
                               max_windows=args.max_windows, context_length=args.context_length,

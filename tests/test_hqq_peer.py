@@ -106,7 +106,7 @@ def test_the_cli_passes_the_selection(monkeypatch, capsys):
     seen = {}
 
     def fake(codecs, **kw):
-        seen.update(kw)
+        seen.update(kw, codecs=codecs)
         raise SystemExit(0)
 
     monkeypatch.setattr(cli_module, "run_sweep", fake)
@@ -117,6 +117,14 @@ def test_the_cli_passes_the_selection(monkeypatch, capsys):
         seen.clear()
     assert cli_module.main(["--schemes", "int4,kivi4", "--peers", "hf-hqq,nope"]) == 2
     assert "unknown peer 'nope'" in capsys.readouterr().err and not seen
+    with pytest.raises(SystemExit):  # one scheme with --peers: a sweep of it and the peers, not a lone validation
+        cli_module.main(["--scheme", "int4", "--peers", "hf-hqq"])
+    assert [c.name for c in seen.pop("codecs")] == ["int4"] and seen["peers"] == "hf-hqq"
+    seen.clear()
+    for argv, why in ((["--scheme", "int4", "--peers", "hf-hqq", "--quick-test"], "does not run with --quick-test"),
+                      (["--engine", "ocp", "--peers", "hf-quanto"], "--peers and --engine")):
+        assert cli_module.main(argv) == 2
+        assert why in capsys.readouterr().err and not seen
 
 
 def test_select_peers_before_any_window(monkeypatch):
