@@ -116,7 +116,10 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 		}
 		for _, res := range []int{1, 2, 4, 8} {
 			m := &wireModel{bits: w.bits, mode: mode, prec: prec, res: res, chunkLog: wireChunkLog, nctx: nctx,
-				levels: make([]uint8, nctx*A)}
+				levels: make([]uint8, nctx*A), states: wireStates}
+			if w.n >= wireWideMin {
+				m.states, m.chunkLog = wireWideStates, wireWideChunk
+			}
 			maxLevel := wireMaxLevel(res, prec)
 			for c := 0; c < nctx; c++ {
 				used := false

@@ -5,3 +5,9 @@ package compression
 func wireGroupsAMD64(*wireGroupArgs) { noSIMD() }
 
 func wireEncodeAMD64(*wireEncArgs) { noSIMD() }
+
+const haveWireAVX512 = false
+
+func wireDecode32(*wireDecode32Args) { noSIMD() }
+
+func wireEncodeWideAMD64(*wireEncWideArgs) { noSIMD() }

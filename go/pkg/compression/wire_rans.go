@@ -23,7 +23,7 @@ import (
 //
 // A model (NAME.codes.wire) is
 //
-//	byte 0     model version (1)
+//	byte 0     model version (2; version 1 is read too)
 //	byte 1     bits: the code width b, alphabet A = 2^b (1..8)
 //	byte 2     mode: 0 one context, 1 per head, 2 per channel (position in
 //	           head_dim), 3 per (head, channel)
@@ -31,7 +31,9 @@ import (
 //	byte 4     resolution r: levels per octave of the stored probabilities (1, 2, 4 or 8)
 //	byte 5     chunk log: each chunk codes 2^c symbols (10..20), the last fewer
 //	byte 6     Exp-Golomb order k of the table deltas (0..3)
-//	bytes 7..  the tables, a little-endian bit stream: for each context, for
+//	byte 7     (version 2) log2 of the interleaved states a chunk, S (2..5);
+//	           version 1 has no such byte and 4 states
+//	bytes 8..  (7.. in version 1) the tables, a little-endian bit stream: for each context, for
 //	           each symbol, zigzag(level - the previous context's level of the
 //	           symbol) as an order-k Exp-Golomb code, zero bits to a byte.
 //
@@ -39,20 +41,28 @@ import (
 // 2^(-(v-1)/r), normalized to M (wireFreqs: integers only, so every decoder
 // builds the same table). Every context holds at least one symbol.
 //
-// Each chunk's stream is four little-endian uint32 final states, then the
+// Each chunk's stream is S little-endian uint32 final states, then the
 // 16-bit renormalization words in decode order; symbol i of the chunk is
-// coded by state i mod 4. A stream decodes exactly: every word used, and
-// every state back at its initial value, or it is rejected.
+// coded by state i mod S. A stream decodes exactly: every word used, and
+// every state back at its initial value, or it is rejected. Version 2's
+// encoder takes 32 states (two 16-lane vectors in the AVX-512 decoder,
+// wireDecode32) for parts of at least wireWideMin codes, in chunks of 2^17
+// so the states' 128 bytes a chunk stay about 0.2 % of it, and 4 in chunks
+// of 2^16 for the small ones.
 
 const (
-	wireVersion    = 1
-	wireStates     = 4
+	wireVersion    = 2
+	wireStates     = 4 // version 1's, and version 2's for small parts
+	wireWideStates = 32
+	wireMaxStates  = 32
+	wireWideMin    = 1 << 14 // codes a part needs for wireWideStates
+	wireWideChunk  = 17      // chunk log with wireWideStates
 	wireL          = 1 << 16 // lower bound of a state
 	wireMaxCtx     = 4096    // contexts a model may have
 	wireMinChunk   = 10
 	wireMaxChunk   = 20
 	wireChunkLog   = 16
-	wireHeaderSize = 7
+	wireHeaderSize = 8 // version 2's; version 1's is 7
 	// wireMaxInflation is how many symbols one coded byte of a chunk may
 	// stand for (at least half a bit a symbol, the Huffman stage's bound on
 	// 4-bit codes): the decoder refuses a chunk that claims more before
@@ -74,6 +84,8 @@ var wireFrac8 = [8]uint64{1073741824, 984625931, 902905064, 827967314, 759250125
 type wireModel struct {
 	bits, mode, prec, res, chunkLog, egk int
 	nctx                                 int
+	states                               int // interleaved states a chunk (4 in version 1)
+	version                              byte
 	levels                               []uint8   // nctx*A
 	fs                                   []uint32  // nctx*A: freq | start<<16
 	enc                                  []wireEnc // nctx*A: the encode table, built by buildEncode
@@ -155,8 +167,8 @@ func (m *wireModel) setLevels() bool {
 // state's low prec bits), one byte a slot.
 func (m *wireModel) decodeTable(buf []uint8) []uint8 {
 	A, M := m.alphabet(), 1<<m.prec
-	if cap(buf) < m.nctx*M {
-		buf = make([]uint8, m.nctx*M)
+	if cap(buf) < m.nctx*M+3 { // 3 bytes of slack for wireDecode32's 4-byte reads
+		buf = make([]uint8, m.nctx*M, m.nctx*M+3)
 	}
 	t := buf[:m.nctx*M]
 	for c := 0; c < m.nctx; c++ {
@@ -314,7 +326,8 @@ func (m *wireModel) tableSizes() [4]int {
 
 // marshal is the model's bytes.
 func (m *wireModel) marshal() []byte {
-	out := []byte{wireVersion, byte(m.bits), byte(m.mode), byte(m.prec), byte(m.res), byte(m.chunkLog), byte(m.egk)}
+	out := []byte{wireVersion, byte(m.bits), byte(m.mode), byte(m.prec), byte(m.res), byte(m.chunkLog), byte(m.egk),
+		byte(mathbits.TrailingZeros(uint(m.states)))}
 	return append(out, m.tableBytes(m.egk)...)
 }
 
@@ -322,13 +335,27 @@ func (m *wireModel) marshal() []byte {
 // contexts the caller's shape gives (nctx per mode, wireContexts), checking
 // every field before allocating; the decoder's table is decodeTable's.
 func parseWireModel(b []byte, bits int, nctx func(mode int) int, ncodes int) (*wireModel, error) {
-	if len(b) < wireHeaderSize {
-		return nil, fmt.Errorf("model of %d bytes, want at least %d", len(b), wireHeaderSize)
+	if len(b) < 1 || b[0] < 1 || b[0] > wireVersion {
+		if len(b) == 0 {
+			return nil, errors.New("model of 0 bytes")
+		}
+		return nil, fmt.Errorf("model version %d, this build reads 1 to %d", b[0], wireVersion)
 	}
-	m := &wireModel{bits: int(b[1]), mode: int(b[2]), prec: int(b[3]), res: int(b[4]), chunkLog: int(b[5]), egk: int(b[6])}
+	hs := wireHeaderSize
+	if b[0] == 1 {
+		hs = 7
+	}
+	if len(b) < hs {
+		return nil, fmt.Errorf("model of %d bytes, want at least %d", len(b), hs)
+	}
+	m := &wireModel{version: b[0], bits: int(b[1]), mode: int(b[2]), prec: int(b[3]), res: int(b[4]), chunkLog: int(b[5]), egk: int(b[6]), states: wireStates}
+	if b[0] >= 2 {
+		if b[7] < 2 || b[7] > 5 {
+			return nil, fmt.Errorf("log2 of the states %d, want 2 to 5", b[7])
+		}
+		m.states = 1 << b[7]
+	}
 	switch {
-	case b[0] != wireVersion:
-		return nil, fmt.Errorf("model version %d, this build reads %d", b[0], wireVersion)
 	case m.bits != bits:
 		return nil, fmt.Errorf("model for %d-bit codes, the scheme stores %d", m.bits, bits)
 	case m.mode > 3:
@@ -344,7 +371,7 @@ func parseWireModel(b []byte, bits int, nctx func(mode int) int, ncodes int) (*w
 	}
 	m.nctx = nctx(m.mode)
 	A := m.alphabet()
-	tab := b[wireHeaderSize:]
+	tab := b[hs:]
 	switch {
 	case m.nctx < 1 || m.nctx > wireMaxCtx:
 		return nil, fmt.Errorf("context mode %d has %d contexts for this shape, want 1 to %d", m.mode, m.nctx, wireMaxCtx)
@@ -562,6 +589,9 @@ func (m *wireModel) encodeChunk(out []byte, syms []uint8, w wireShape, lo int, s
 		i += rn
 	}
 	scratch.runs = runs
+	if m.states != wireStates {
+		return m.encodeWide(out, syms, runs, scratch)
+	}
 	if cap(scratch.buf) < 2*n+4*wireStates {
 		scratch.buf = make([]byte, 2*n+4*wireStates)
 	}
@@ -718,6 +748,9 @@ func (it *wireRunIter) next() (n, c0, step int) {
 // (wireDecodeGroups), a single symbol rotates them; the 16-bit words are read in
 // symbol order.
 func (m *wireModel) decodeSyms(sym, dst []uint8, src []byte, w wireShape, lo int) error {
+	if m.states != wireStates {
+		return m.decodeWide(sym, dst, src, w, lo)
+	}
 	if len(src) < 4*wireStates || len(src)&1 != 0 {
 		return fmt.Errorf("stream of %d bytes: want the 16 bytes of states and whole 16-bit words", len(src))
 	}

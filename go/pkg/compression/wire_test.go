@@ -304,7 +304,7 @@ func TestWireDecodeKernelsAgree(t *testing.T) {
 // Bad payloads: one-line typed errors naming the tensor and part, never a
 // panic or an allocation beyond the declared size.
 func TestWireRejectsBadPayloads(t *testing.T) {
-	src := wireCache(22, safetensors.F32, 1, 1, 2100, 64) // 134,400 codes: three chunks
+	src := wireCache(22, safetensors.F32, 1, 1, 4200, 64) // 268,800 codes: three chunks of 2^17
 	spec, _ := ParseSpec("int4+wire")
 	res, err := Compress(src, Config{Spec: spec})
 	if err != nil {

@@ -1,0 +1,216 @@
+package compression
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	mathbits "math/bits"
+)
+
+// The chunk coder with S = m.states interleaved states (8 to 32; version 2
+// of the format, wire_rans.go): symbol i of a chunk is coded by state
+// i mod S and the 16-bit words are read in symbol order, as with four, so
+// the Go loops here are the definition; on amd64 with AVX-512 the decoder's
+// aligned groups of 16 symbols go to wireDecode32 (wire_amd64.s), two
+// 16-lane vectors of states, and the encoder's groups of four to
+// wireEncodeWideAMD64.
+
+// encodeWide is encodeChunk for m.states states, over the runs of the
+// chunk's positions.
+func (m *wireModel) encodeWide(out []byte, syms []uint8, runs []wireRun, scratch *wireScratch) []byte {
+	S := m.states
+	n := len(syms)
+	if cap(scratch.buf) < 2*n+4*S {
+		scratch.buf = make([]byte, 2*n+4*S)
+	}
+	buf := scratch.buf[:2*n+4*S]
+	wp := len(buf) // the words go backwards from the end
+	enc := m.enc
+	bits := uint(m.bits)
+	var st [wireMaxStates]uint32
+	for j := range st {
+		st[j] = wireL
+	}
+	mask := S - 1
+	for r := len(runs) - 1; r >= 0; r-- {
+		run := runs[r]
+		ss := syms[run.start : run.start+run.n]
+		k := run.n - 1
+		// single symbols down to a group boundary (position k+1 a multiple of 4)
+		for ; k >= 0 && (run.start+k+1)&3 != 0; k-- {
+			st[(run.start+k)&mask], wp = wireEncOne(st[(run.start+k)&mask], &enc[(run.c0+run.step*k)<<bits|int(ss[k])], buf, wp)
+		}
+		if useSIMD && k >= 3 {
+			g := (k + 1) / 4
+			a := wireEncWideArgs{enc: &enc[(run.c0+run.step*k)<<bits], syms: &ss[k], buf: &buf[0], wp: wp,
+				groups: g, step: 24 * run.step << bits, st: &st[0], j: (run.start + k - 3) & mask, jmask: mask}
+			wireEncodeWideAMD64(&a)
+			wp = a.wp
+			k -= 4 * g
+		}
+		for ; k >= 0; k-- {
+			st[(run.start+k)&mask], wp = wireEncOne(st[(run.start+k)&mask], &enc[(run.c0+run.step*k)<<bits|int(ss[k])], buf, wp)
+		}
+	}
+	wp -= 4 * S
+	for j := 0; j < S; j++ {
+		binary.LittleEndian.PutUint32(buf[wp+4*j:], st[j])
+	}
+	return append(out, buf[wp:]...)
+}
+
+// wireEncOne codes one symbol, entry e, with state x: its renormalization
+// word goes below wp.
+func wireEncOne(x uint32, e *wireEnc, buf []byte, wp int) (uint32, int) {
+	if uint64(x) >= e.xmax {
+		wp -= 2
+		binary.LittleEndian.PutUint16(buf[wp:], uint16(x))
+		x >>= 16
+	}
+	q, _ := mathbits.Mul64(uint64(x), e.rcp)
+	return x + e.bias + uint32(q)*e.cmpl, wp
+}
+
+// decodeWide is decodeSyms for m.states states.
+func (m *wireModel) decodeWide(sym, dst []uint8, src []byte, w wireShape, lo int) error {
+	S := m.states
+	if len(src) < 4*S || len(src)&1 != 0 {
+		return fmt.Errorf("stream of %d bytes: want the %d bytes of states and whole 16-bit words", len(src), 4*S)
+	}
+	var st [wireMaxStates]uint32
+	for j := 0; j < S; j++ {
+		st[j] = binary.LittleEndian.Uint32(src[4*j:])
+	}
+	words := src[4*S:]
+	p := 0
+	prec := uint(m.prec) & 31
+	bits := uint(m.bits) & 31
+	mask := uint32(1)<<prec - 1
+	smask := S - 1
+	n := len(dst)
+	it := w.runIter(m.mode, lo, lo+n)
+	kernel := S == wireWideStates && useSIMD && haveWireAVX512
+	// rows: the token-axis contexts of modes 2 and 3 repeat every head_dim
+	// positions within a head, which the kernel takes many rows at a time.
+	rows := kernel && w.fourD && !w.channel && m.mode >= 2 && w.d%16 == 0 && w.d > 0 && w.perHeadRun > 0
+	for i := 0; i < n; {
+		rn, c0, step := it.next()
+		out := dst[i : i+rn]
+		row, rstep := c0<<prec, step<<prec
+		frow, fstep := c0<<bits, step<<bits
+		if rows && rn == w.d && i&15 == 0 {
+			r := min(w.perHeadRun-(lo+i)%w.perHeadRun, n-i) / w.d
+			g, used := wireDecodeGroups32(sym, m.fs, dst[i:i+r*w.d], words, p, &st, i, row, rstep, frow, fstep, 1<<bits, prec, w.d)
+			if g > 0 {
+				i += 16 * g
+				p += used
+				it = w.runIter(m.mode, lo+i, lo+n)
+				continue
+			}
+		}
+		for k := 0; k < len(out); k++ {
+			if (i+k)&15 == 0 && kernel && len(out)-k >= 16 {
+				g, used := wireDecodeGroups32(sym, m.fs, out[k:], words, p, &st, i+k, row, rstep, frow, fstep, 1<<bits, prec, 0)
+				if g > 0 {
+					k += 16*g - 1
+					p += used
+					row, frow = row+16*g*rstep, frow+16*g*fstep
+					continue
+				}
+			}
+			j := (i + k) & smask
+			x := st[j]
+			l := x & mask
+			a := sym[row+int(l)]
+			e := m.fs[frow+int(a)]
+			row, frow = row+rstep, frow+fstep
+			x = (e&0xffff)*(x>>prec) + l - e>>16
+			if x < wireL {
+				if p+2 > len(words) {
+					return errors.New("stream ends before its symbols")
+				}
+				x = x<<16 | uint32(words[p]) | uint32(words[p+1])<<8
+				p += 2
+			}
+			st[j] = x
+			out[k] = a
+		}
+		i += rn
+	}
+	if p != len(words) {
+		return fmt.Errorf("%d bytes left after the symbols", len(words)-p)
+	}
+	for j := 0; j < S; j++ {
+		if st[j] != wireL {
+			return errors.New("stream does not decode to its initial state")
+		}
+	}
+	return nil
+}
+
+// wireDecodeGroups32 decodes whole groups of 16 symbols from the start of
+// out (position pos of the chunk, a multiple of 16, its contexts' rows at
+// row and frow, stepping by rstep and fstep, and back to row and frow
+// every period positions, a multiple of 16, if period > 0) with
+// wireDecode32, while a group and its 32 bytes of words remain; it returns
+// the groups decoded and the bytes of words they took, the states updated
+// in st. It checks once that every row the groups can read lies in sym
+// (with the 3 bytes the kernel's 4-byte reads take past a slot:
+// decodeTable's slack) and fs.
+func wireDecodeGroups32(sym []uint8, fs []uint32, out []uint8, words []byte, p int, st *[wireMaxStates]uint32, pos, row, rstep, frow, fstep, alpha int, prec uint, period int) (int, int) {
+	g := len(out) / 16
+	span := 16 * g
+	if period > 0 {
+		span = min(span, period)
+	}
+	if g == 0 || period&15 != 0 || p+32 > len(words) || row < 0 || rstep < 0 || frow < 0 || fstep < 0 ||
+		row+(span-1)*rstep+1<<prec+3 > cap(sym) || frow+(span-1)*fstep+alpha > len(fs) {
+		return 0, 0
+	}
+	sym = sym[:cap(sym)]
+	a := wireDecode32Args{sym: &sym[row], fs: &fs[frow], out: &out[0], words: &words[p], groups: g,
+		last: len(words) - 32 - p, rstep: rstep, fstep: fstep, prec: uint64(prec), st: st, phase: pos & 16,
+		rowGroups: g + 1}
+	if period > 0 {
+		a.rowGroups, a.back, a.fback = period/16, period*rstep, 4*period*fstep
+	}
+	wireDecode32(&a)
+	return a.done, a.used
+}
+
+// wireDecode32Args are wireDecode32's arguments and results: the table rows,
+// symbols and words where the groups start, how many groups it may decode
+// and how many bytes of words may lie past a group's start (it starts one
+// while 32 bytes are left), the rows' steps, the precision, the states (32)
+// and which vector of them decodes the first group (0: states 0-15, 16:
+// 16-31); done and used come back; the rows' period.
+type wireDecode32Args struct {
+	sym          *uint8
+	fs           *uint32
+	out          *uint8
+	words        *byte
+	groups, last int
+	rstep, fstep int
+	prec         uint64
+	st           *[wireMaxStates]uint32
+	phase        int
+	done, used   int
+	// every rowGroups groups the rows step back by back and fback bytes
+	rowGroups, back, fback int
+}
+
+// wireEncWideArgs are wireEncodeWideAMD64's arguments: as wireEncArgs's,
+// with the states in memory (st) and j the index of the state of the
+// group's first position (its lowest; the group's states are j..j+3),
+// stepping back by 4 modulo jmask+1.
+type wireEncWideArgs struct {
+	enc    *wireEnc
+	syms   *uint8
+	buf    *byte
+	wp     int
+	groups int
+	step   int
+	st     *uint32
+	j      int
+	jmask  int
+}
