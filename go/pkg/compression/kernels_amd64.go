@@ -97,3 +97,9 @@ func exl2Dec4AVX2(dst *[exl2Chunk]float32, q *[exl2Chunk / 2]uint8, s0, s1 float
 
 //go:noescape
 func rn16sAVX2(x []float32)
+
+//go:noescape
+func exl3EncAVX2(q *[exl3Group]uint8, x *[exl3Group]float32, m float32, qmax int32) (s float32, top uint32)
+
+//go:noescape
+func exl3DecAVX2(dst *[exl3Group]float32, q *[exl3Group]uint32, sm, c float32)

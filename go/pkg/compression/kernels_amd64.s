@@ -1088,3 +1088,135 @@ rn16s_loop:
 rn16s_done:
 	VZEROUPPER
 	RET
+
+// exl3Intra runs stages h = 1, 2 and 4 of exl3Hadamard (float32, no
+// rounding between stages) on the 8 values of R; Y11-Y13 clobbered.
+#define exl3Intra(R) \
+	VPERMILPS  $0xb1, R, Y11 \
+	VADDPS     Y11, R, Y12 \
+	VSUBPS     R, Y11, Y13 \
+	VBLENDPS   $0xaa, Y13, Y12, R \
+	VPERMILPS  $0x4e, R, Y11 \
+	VADDPS     Y11, R, Y12 \
+	VSUBPS     R, Y11, Y13 \
+	VBLENDPS   $0xcc, Y13, Y12, R \
+	VPERM2F128 $0x01, R, R, Y11 \
+	VADDPS     Y11, R, Y12 \
+	VSUBPS     R, Y11, Y13 \
+	VBLENDPS   $0xf0, Y13, Y12, R
+
+// exl3Pair is one butterfly of two registers: A, B = A+B, A-B.
+#define exl3Pair(A, B) \
+	VADDPS  B, A, Y11 \
+	VSUBPS  B, A, B \
+	VMOVAPS Y11, A
+
+// exl3Butterfly is exl3Hadamard on the group of 32 in Y0-Y3.
+#define exl3Butterfly \
+	exl3Intra(Y0) \
+	exl3Intra(Y1) \
+	exl3Intra(Y2) \
+	exl3Intra(Y3) \
+	exl3Pair(Y0, Y1) \
+	exl3Pair(Y2, Y3) \
+	exl3Pair(Y0, Y2) \
+	exl3Pair(Y1, Y3)
+
+// exl3Code is clamp(floor(float32(float32(v·inv)·m + m)), 0, qmax) of R in
+// place (an int32 each; a NaN truncates to 0x80000000, which the clamp
+// takes to 0). Y12 inv, Y13 m, Y10 qmax (int32), Y9 zero.
+#define exl3Code(R) \
+	VMULPS     Y12, R, R \
+	VMULPS     Y13, R, R \
+	VADDPS     Y13, R, R \
+	VROUNDPS   $1, R, R \
+	VCVTTPS2DQ R, R \
+	VPMAXSD    Y9, R, R \
+	VPMINSD    Y10, R, R
+
+DATA exl3r32<>+0(SB)/4, $0x3e3504f3
+GLOBL exl3r32<>(SB), RODATA|NOPTR, $4
+
+DATA exl3eps<>+0(SB)/4, $0x2edbe6ff
+GLOBL exl3eps<>(SB), RODATA|NOPTR, $4
+
+// func exl3EncAVX2(q *[32]uint8, x *[32]float32, m float32, qmax int32) (s float32, top uint32)
+TEXT ·exl3EncAVX2(SB), NOSPLIT, $0-32
+	MOVQ    q+0(FP), DI
+	MOVQ    x+8(FP), SI
+	VMOVDQU signmask<>(SB), Y14
+	VMOVDQU qnan32<>(SB), Y15
+	VMOVDQU expmask<>(SB), Y12
+	VMOVDQU expone<>(SB), Y13
+	VPXOR   Y11, Y11, Y11
+	VMOVUPS 0(SI), Y0
+	VMOVUPS 32(SI), Y1
+	VMOVUPS 64(SI), Y2
+	VMOVUPS 96(SI), Y3
+	exl2Top(Y0)
+	exl2Top(Y1)
+	exl2Top(Y2)
+	exl2Top(Y3)
+	VMOVMSKPS Y11, AX
+	MOVL      AX, top+28(FP)
+	rn16(Y0)
+	rn16(Y1)
+	rn16(Y2)
+	rn16(Y3)
+	exl3Butterfly
+	VBROADCASTSS exl3r32<>(SB), Y11
+	VMULPS       Y11, Y0, Y0
+	VMULPS       Y11, Y1, Y1
+	VMULPS       Y11, Y2, Y2
+	VMULPS       Y11, Y3, Y3
+	VMOVDQU      absmask<>(SB), Y13
+	exl2AbsMax(Y0, Y1, Y2, Y3, Y11, X11)
+	VADDSS       exl3eps<>(SB), X11, X11 // s = max|v| + 1e-10
+	VMOVSS       X11, s+24(FP)
+	VMOVSS       one<>(SB), X12
+	VDIVSS       X11, X12, X12           // 1/s
+	VBROADCASTSS X12, Y12
+	VBROADCASTSS m+16(FP), Y13
+	VBROADCASTSS qmax+20(FP), Y10
+	VPXOR        Y9, Y9, Y9
+	exl3Code(Y0)
+	exl3Code(Y1)
+	exl3Code(Y2)
+	exl3Code(Y3)
+	VMOVDQU      packorder<>(SB), Y5
+	packCodes32(VPACKUSWB)
+	VZEROUPPER
+	RET
+
+// func exl3DecAVX2(dst *[32]float32, q *[32]uint32, sm, c float32)
+// is rn16 of the butterfly of (float32(q) - c) · sm.
+TEXT ·exl3DecAVX2(SB), NOSPLIT, $0-24
+	MOVQ         dst+0(FP), DI
+	MOVQ         q+8(FP), SI
+	VBROADCASTSS sm+16(FP), Y4
+	VBROADCASTSS c+20(FP), Y5
+	VMOVDQU      signmask<>(SB), Y14
+	VMOVDQU      qnan32<>(SB), Y15
+	VCVTDQ2PS    0(SI), Y0
+	VCVTDQ2PS    32(SI), Y1
+	VCVTDQ2PS    64(SI), Y2
+	VCVTDQ2PS    96(SI), Y3
+	VSUBPS       Y5, Y0, Y0
+	VSUBPS       Y5, Y1, Y1
+	VSUBPS       Y5, Y2, Y2
+	VSUBPS       Y5, Y3, Y3
+	VMULPS       Y4, Y0, Y0
+	VMULPS       Y4, Y1, Y1
+	VMULPS       Y4, Y2, Y2
+	VMULPS       Y4, Y3, Y3
+	exl3Butterfly
+	rn16(Y0)
+	rn16(Y1)
+	rn16(Y2)
+	rn16(Y3)
+	VMOVUPS      Y0, 0(DI)
+	VMOVUPS      Y1, 32(DI)
+	VMOVUPS      Y2, 64(DI)
+	VMOVUPS      Y3, 96(DI)
+	VZEROUPPER
+	RET

@@ -242,6 +242,21 @@ func kernelRuns() map[string]kernelRun {
 		},
 		"exllama": func(x []float32, r *rand.Rand) string {
 			var s string
+			for bits := 2; bits <= 8; bits++ {
+				quant, dequant := exl3Quantizer(bits), exl3Dequantizer(bits)
+				size := 4*bits + 2
+				for i := 0; i+exl3Group <= len(x); i += exl3Group {
+					blk := make([]byte, size)
+					nf := quant(x[i:i+exl3Group], blk)
+					y := make([]float32, exl3Group)
+					dequant(blk, y)
+					s += fmt.Sprint(nf, blk) + bitsOf(y)
+					r.Read(blk[:size-2])
+					binary.LittleEndian.PutUint16(blk[size-2:], uint16(r.Intn(0x7c01))) // up to Inf
+					dequant(blk, y)
+					s += bitsOf(y)
+				}
+			}
 			// Finite fp16 scales and Inf (a NaN scale's payload is the F16C read's, either way).
 			scales := []uint16{0x3c00, 0x0001, 0x2e66, 0x7bff, 0x7c00, 0xfc00, 0x8000, 0x5640}
 			for _, bits := range []int{4, 8} {
