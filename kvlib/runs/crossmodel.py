@@ -23,6 +23,7 @@ from kvlib.checks.ruler.run import RulerConfig, RulerResult
 from kvlib.codec.spec import resolve_codec
 from kvlib.gates import PPL_DELTA_THRESHOLD
 from kvlib.scoring.stats import spearman
+from kvlib.transforms.base import PeerSelection
 from kvlib.budget.plan import parse_budgets
 from kvlib.runs.ruler import run_ruler_suite
 from kvlib.runs.sweep import MIX_PREFIX, engine_mode, engine_schemes, run_sweep, write_json
@@ -69,7 +70,7 @@ class CrossModelResult:
 
 def run_models(model_names: list[str] | tuple[str, ...] = ZOO_MODELS, schemes: list[str] | tuple[str, ...] = ZOO_SCHEMES,
                corpus_name: str = corpus.EMBEDDED, max_windows: int | None = 8, stride: int = 512,
-               peers: bool = True, threshold: float = PPL_DELTA_THRESHOLD, device: str | None = None,
+               peers: PeerSelection = True, threshold: float = PPL_DELTA_THRESHOLD, device: str | None = None,
                dtype: str | None = None, context_length: int | None = None, verbose: bool = True,
                budget: str | list[float] | None = None, ruler: RulerConfig | None = None,
                engine: str | None = None) -> CrossModelResult:
