@@ -50,7 +50,11 @@ func wirePrecision(bits int) int { return min(12, bits+8, max(10, bits+4)) }
 
 // buildWireModel chooses, from the codes' counts, the context mode,
 // resolution and table code that make the part smallest.
-func buildWireModel(syms []uint8, w wireShape) *wireModel {
+func buildWireModel(syms []uint8, w wireShape) *wireModel { return buildWireModelRaw(syms, nil, w) }
+
+// buildWireModelRaw is buildWireModel from the codes unpacked (syms) or,
+// where wireCountPacked takes them (syms nil), packed (raw).
+func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 	A := 1 << w.bits
 	full := 3
 	if !w.fourD || w.contexts(3) > wireMaxCtx || w.contexts(3) < 1 {
@@ -58,6 +62,9 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 	}
 	nfull := w.contexts(full)
 	counts := make([]uint32, nfull*A)
+	if syms == nil {
+		wireCountPacked(counts, raw, w)
+	}
 	it := w.runIter(full, 0, len(syms))
 	for i := 0; i < len(syms); {
 		n, c0, step := it.next()
@@ -76,7 +83,11 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 	}
 	var best *wireModel
 	bestBits := math.Inf(1)
-	for mode := 0; mode <= full; mode++ {
+	// The finest mode first: it is most often the smallest, and a mode
+	// whose ideal code (the counts' entropy, which no table reaches) is no
+	// smaller than the best so far is not tried at any resolution.
+	for mi := 0; mi <= full; mi++ {
+		mode := (full + mi) % (full + 1)
 		nctx := w.contexts(mode)
 		prec := wirePrecision(w.bits) // lowered where the tables would outgrow the tensor
 		for prec > w.bits && nctx<<prec > max(w.n, wireTableAllowance) {
@@ -103,6 +114,7 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 				cm[c*A+s] += counts[hc*A+s]
 			}
 		}
+		var entropy float64
 		for c := 0; c < nctx; c++ {
 			var tot float64
 			for _, k := range cm[c*A : (c+1)*A] {
@@ -111,8 +123,12 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 			for s, k := range cm[c*A : (c+1)*A] {
 				if k > 0 {
 					ideal[c*A+s] = math.Log2(tot / float64(k))
+					entropy += float64(k) * ideal[c*A+s]
 				}
 			}
+		}
+		if entropy >= bestBits {
+			continue
 		}
 		for _, res := range []int{1, 2, 4, 8} {
 			m := &wireModel{bits: w.bits, mode: mode, prec: prec, res: res, chunkLog: wireChunkLog, nctx: nctx,
@@ -153,6 +169,51 @@ func buildWireModel(syms []uint8, w wireShape) *wireModel {
 	}
 	best.buildEncode()
 	return best
+}
+
+// wirePackedCounts reports whether wireCountPacked counts the codes of
+// shape w from their packed bytes: 2- and 4-bit codes along tokens, every
+// byte's codes in one row of head_dim channels.
+func wirePackedCounts(w wireShape) bool {
+	return (w.bits == 2 || w.bits == 4) && w.fourD && !w.channel && w.d > 0 && w.tq > 0 && w.h > 0 &&
+		w.d%(8/w.bits) == 0 && w.n%w.d == 0 && w.contexts(3) <= wireMaxCtx && w.rawBytes == w.n*w.bits/8
+}
+
+// wireCountPacked adds the counts of the (head, channel) contexts of the
+// packed codes raw (wirePackedCounts's shapes) to counts: a histogram of
+// the bytes per run of 8/bits contexts, one increment a byte, then split.
+func wireCountPacked(counts []uint32, raw []byte, w wireShape) {
+	k := 8 / w.bits
+	A := 1 << w.bits
+	rowBytes := w.d / k
+	groups := w.h * rowBytes
+	hist := make([]uint32, groups*256)
+	head, t := 0, 0
+	for r := 0; r < w.n/w.d; r++ {
+		row := raw[r*rowBytes : (r+1)*rowBytes]
+		h := hist[head*rowBytes*256 : (head+1)*rowBytes*256]
+		for j, b := range row {
+			h[j<<8|int(b)]++
+		}
+		if t++; t == w.tq {
+			t = 0
+			if head++; head == w.h {
+				head = 0
+			}
+		}
+	}
+	for g := 0; g < groups; g++ {
+		hg := hist[g<<8 : (g+1)<<8]
+		c := g * k // context of the byte's first code: head*d + channel
+		for b, v := range hg {
+			if v == 0 {
+				continue
+			}
+			for q := 0; q < k; q++ {
+				counts[(c+q)*A+(b>>(q*w.bits))&(A-1)] += v
+			}
+		}
+	}
 }
 
 // wireLog2Tables[p][f] is log2(2^p / f), f = 1..2^p: a frequency's cost in
@@ -236,16 +297,27 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 			}
 		}
 	}
-	if err := forEach(len(parts), workers, func(_, k int) error {
+	unpacked := make([][]uint8, max(workers, 1))
+	if err := forEach(len(parts), workers, func(wk, k int) error {
 		p := parts[k]
-		p.syms = make([]uint8, p.shape.n)
 		if p.suffix == CodesSuffix {
-			wireUnpack(p.syms, p.raw, 0, p.shape.bits)
 			p.huffman = huffmanEstimate(p.raw)
+			// the codes are unpacked chunk by chunk for the coder, below,
+			// and here only where their counts need it
+			var syms []uint8
+			if !wirePackedCounts(p.shape) {
+				if cap(unpacked[wk]) < p.shape.n {
+					unpacked[wk] = make([]uint8, p.shape.n)
+				}
+				syms = unpacked[wk][:p.shape.n]
+				wireUnpack(syms, p.raw, 0, p.shape.bits)
+			}
+			p.model = buildWireModelRaw(syms, p.raw, p.shape)
 		} else {
+			p.syms = make([]uint8, p.shape.n)
 			wireSplitF16(p.syms, p.raw)
+			p.model = buildWireModel(p.syms, p.shape)
 		}
-		p.model = buildWireModel(p.syms, p.shape)
 		p.chunks = make([][]byte, (p.shape.n-1)>>p.model.chunkLog+1)
 		p.modelBytes = p.model.marshal()
 		return nil
@@ -263,7 +335,18 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 		p, c := parts[jobs[k].part], jobs[k].chunk
 		lo := c << p.model.chunkLog
 		hi := min(p.shape.n, lo+1<<p.model.chunkLog)
-		p.chunks[c] = p.model.encodeChunk(nil, p.syms[lo:hi], p.shape, lo, &scratch[wk])
+		syms := p.syms
+		if syms == nil { // codes: this chunk's, unpacked
+			sc := &scratch[wk]
+			if cap(sc.syms) < hi-lo {
+				sc.syms = make([]uint8, 1<<p.model.chunkLog)
+			}
+			syms = sc.syms[:hi-lo]
+			wireUnpack(syms, p.raw, lo, p.shape.bits)
+		} else {
+			syms = syms[lo:hi]
+		}
+		p.chunks[c] = p.model.encodeChunk(nil, syms, p.shape, lo, &scratch[wk])
 		return nil
 	}); err != nil {
 		return nil, nil, nil, err

@@ -663,6 +663,7 @@ func (m *wireModel) encodeChunk(out []byte, syms []uint8, w wireShape, lo int, s
 type wireScratch struct {
 	runs []wireRun
 	buf  []byte
+	syms []uint8 // wireStored's: a chunk's codes, unpacked
 }
 
 // decodeChunk decodes len(dst) symbols, positions from lo, from src, one a

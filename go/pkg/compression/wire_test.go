@@ -708,3 +708,38 @@ func ExampleParseSpec_wire() {
 		b.Report.BitsPerElement < a.Report.BitsPerElement)
 	// Output: int4+wire [.codes .scales] [] true true
 }
+
+// The counts from the packed bytes (wireCountPacked) are those of the codes
+// one by one, and so is the model built from them.
+func TestWireCountPacked(t *testing.T) {
+	r := rand.New(rand.NewSource(12))
+	for _, bits := range []int{2, 4} {
+		for _, sh := range [][3]int{{3, 64, 100}, {2, 8, 7}, {1, 4, 1}, {5, 16, 33}} {
+			w := wireShape{fourD: true, h: sh[0], d: sh[1], tq: sh[2], bits: bits}
+			w.n, w.perHeadRun = 2*w.h*w.d*w.tq, w.tq*w.d // two batch rows
+			w.rawBytes = PackedLen(w.n, bits)
+			if !wirePackedCounts(w) {
+				t.Fatalf("%+v: not counted packed", w)
+			}
+			syms := make([]uint8, w.n)
+			for i := range syms {
+				syms[i] = uint8(min(r.Intn(1<<bits), (i%w.d+i/w.perHeadRun)%(1<<bits)))
+			}
+			raw := make([]byte, w.rawBytes)
+			wirePack(raw, syms, bits)
+			a, b := buildWireModel(syms, w), buildWireModelRaw(nil, raw, w)
+			if !bytes.Equal(a.marshal(), b.marshal()) {
+				t.Fatalf("bits %d %+v: the packed counts give another model", bits, w)
+			}
+			want := make([]uint32, w.h*w.d<<bits)
+			for i, s := range syms {
+				want[((i/w.perHeadRun%w.h)*w.d+i%w.d)<<bits|int(s)]++
+			}
+			got := make([]uint32, len(want))
+			wireCountPacked(got, raw, w)
+			if !slices.Equal(got, want) {
+				t.Fatalf("bits %d %+v: counts differ", bits, w)
+			}
+		}
+	}
+}
