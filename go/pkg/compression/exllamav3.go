@@ -96,10 +96,8 @@ func exl3Quantizer(bits int) func(x []float32, dst []byte) bool {
 	planes := exl3Planes(bits)
 	return func(x []float32, dst []byte) bool {
 		if useSIMD && haveF16C {
-			var q [exl3Group]uint8
-			s, top := exl3EncAVX2(&q, (*[exl3Group]float32)(x[:exl3Group]), m, int32(qmax))
-			exl3Pack(dst, &q, planes, bits)
-			binary.LittleEndian.PutUint16(dst[4*bits:], safetensors.Float32ToFP16(s))
+			s, top := exl3EncAVX2(&dst[0], (*[exl3Group]float32)(x[:exl3Group]), m, int32(qmax), bits)
+			binary.LittleEndian.PutUint16(dst[4*bits:4*bits+2], safetensors.Float32ToFP16(s))
 			return top != 0
 		}
 		var v [exl3Group]float32
@@ -150,11 +148,9 @@ func exl3Dequantizer(bits int) func(src []byte, dst []float32) {
 	planes := exl3Planes(bits)
 	return func(src []byte, dst []float32) {
 		if useSIMD && haveF16C {
-			var q [exl3Group]uint32
-			exl3Unpack(&q, src, planes)
-			sf := float32(safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[4*bits:])) * exl3R32)
+			sf := float32(safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[4*bits:4*bits+2])) * exl3R32)
 			sm := float32(sf * float32(math.Ldexp(1, 1-bits)))
-			exl3DecAVX2((*[exl3Group]float32)(dst[:exl3Group]), &q, sm, m-0.5)
+			exl3DecAVX2((*[exl3Group]float32)(dst[:exl3Group]), &src[0], sm, m-0.5, bits)
 			return
 		}
 		var q [exl3Group]uint32
@@ -183,66 +179,3 @@ func exl3Dequantizer(bits int) func(src []byte, dst []float32) {
 	}
 }
 
-// exl3Pack writes the bit planes of the codes q as exl3Quantizer does:
-// a plane of width w is the w-bit fields of the 32 codes in order, packed
-// from the lowest bit of its little-endian words, that is of its bytes.
-func exl3Pack(dst []byte, q *[exl3Group]uint8, planes []int, bits int) {
-	off, rem := 0, bits
-	for _, w := range planes {
-		rem -= w
-		switch w {
-		case 8:
-			d := dst[off : off+32]
-			for j := range d {
-				d[j] = q[j] >> rem
-			}
-		case 4:
-			d := dst[off : off+16]
-			for k := range d {
-				d[k] = q[2*k]>>rem&15 | (q[2*k+1]>>rem&15)<<4
-			}
-		case 2:
-			d := dst[off : off+8]
-			for k := range d {
-				d[k] = q[4*k]>>rem&3 | (q[4*k+1]>>rem&3)<<2 | (q[4*k+2]>>rem&3)<<4 | (q[4*k+3]>>rem&3)<<6
-			}
-		case 1:
-			var word uint32
-			for j, c := range q {
-				word |= uint32(c>>rem&1) << j
-			}
-			binary.LittleEndian.PutUint32(dst[off:], word)
-		}
-		off += 4 * w
-	}
-}
-
-// exl3Unpack reads the codes of exl3Pack's planes.
-func exl3Unpack(q *[exl3Group]uint32, src []byte, planes []int) {
-	off := 0
-	for _, w := range planes {
-		switch w {
-		case 8:
-			for j, b := range src[off : off+32] {
-				q[j] = q[j]<<8 | uint32(b)
-			}
-		case 4:
-			for k, b := range src[off : off+16] {
-				q[2*k] = q[2*k]<<4 | uint32(b&15)
-				q[2*k+1] = q[2*k+1]<<4 | uint32(b>>4)
-			}
-		case 2:
-			for k, b := range src[off : off+8] {
-				for i := 0; i < 4; i++ {
-					q[4*k+i] = q[4*k+i]<<2 | uint32(b>>(2*i)&3)
-				}
-			}
-		case 1:
-			word := binary.LittleEndian.Uint32(src[off:])
-			for j := range q {
-				q[j] = q[j]<<1 | word>>j&1
-			}
-		}
-		off += 4 * w
-	}
-}

@@ -98,8 +98,13 @@ func exl2Dec4AVX2(dst *[exl2Chunk]float32, q *[exl2Chunk / 2]uint8, s0, s1 float
 //go:noescape
 func rn16sAVX2(x []float32)
 
+// exl3EncAVX2 writes a group's 4·bits bytes of bit planes at dst (the
+// caller's block has them) and returns its scale.
+//
 //go:noescape
-func exl3EncAVX2(q *[exl3Group]uint8, x *[exl3Group]float32, m float32, qmax int32) (s float32, top uint32)
+func exl3EncAVX2(dst *byte, x *[exl3Group]float32, m float32, qmax int32, bits int) (s float32, top uint32)
 
+// exl3DecAVX2 reads a group's bit planes at src (4·bits bytes).
+//
 //go:noescape
-func exl3DecAVX2(dst *[exl3Group]float32, q *[exl3Group]uint32, sm, c float32)
+func exl3DecAVX2(dst *[exl3Group]float32, src *byte, sm, c float32, bits int)

@@ -1140,9 +1140,14 @@ GLOBL exl3r32<>(SB), RODATA|NOPTR, $4
 DATA exl3eps<>+0(SB)/4, $0x2edbe6ff
 GLOBL exl3eps<>(SB), RODATA|NOPTR, $4
 
-// func exl3EncAVX2(q *[32]uint8, x *[32]float32, m float32, qmax int32) (s float32, top uint32)
-TEXT ·exl3EncAVX2(SB), NOSPLIT, $0-32
-	MOVQ    q+0(FP), DI
+// exl3Planes stores the codes in Y0 (32 bytes in order) as the bit planes
+// of a BITS-bit code (CX) at (DI): all 32 bytes at 8 bits; else a plane of
+// 4, 2 and 1 bits for each set in BITS, the first holding the top bits,
+// each the fields in order from the lowest bit (exl3Quantizer's words are
+// little-endian). DX, X1-X3 clobbered.
+// func exl3EncAVX2(dst *byte, x *[32]float32, m float32, qmax int32, bits int) (s float32, top uint32)
+TEXT ·exl3EncAVX2(SB), NOSPLIT, $0-40
+	MOVQ    dst+0(FP), DI
 	MOVQ    x+8(FP), SI
 	VMOVDQU signmask<>(SB), Y14
 	VMOVDQU qnan32<>(SB), Y15
@@ -1158,7 +1163,7 @@ TEXT ·exl3EncAVX2(SB), NOSPLIT, $0-32
 	exl2Top(Y2)
 	exl2Top(Y3)
 	VMOVMSKPS Y11, AX
-	MOVL      AX, top+28(FP)
+	MOVL      AX, top+36(FP)
 	rn16(Y0)
 	rn16(Y1)
 	rn16(Y2)
@@ -1172,7 +1177,7 @@ TEXT ·exl3EncAVX2(SB), NOSPLIT, $0-32
 	VMOVDQU      absmask<>(SB), Y13
 	exl2AbsMax(Y0, Y1, Y2, Y3, Y11, X11)
 	VADDSS       exl3eps<>(SB), X11, X11 // s = max|v| + 1e-10
-	VMOVSS       X11, s+24(FP)
+	VMOVSS       X11, s+32(FP)
 	VMOVSS       one<>(SB), X12
 	VDIVSS       X11, X12, X12           // 1/s
 	VBROADCASTSS X12, Y12
@@ -1184,23 +1189,156 @@ TEXT ·exl3EncAVX2(SB), NOSPLIT, $0-32
 	exl3Code(Y2)
 	exl3Code(Y3)
 	VMOVDQU      packorder<>(SB), Y5
-	packCodes32(VPACKUSWB)
+	VPACKSSDW    Y1, Y0, Y0
+	VPACKSSDW    Y3, Y2, Y2
+	VPACKUSWB    Y2, Y0, Y0
+	VPERMD       Y0, Y5, Y0
+	MOVQ         bits+24(FP), CX
+	CMPQ         CX, $8
+	JNE          exl3enc_planes
+	VMOVDQU      Y0, (DI)
+	JMP          exl3enc_done
+
+exl3enc_planes:
+	MOVQ  CX, DX // the bits below the plane
+	TESTQ $4, CX
+	JZ    exl3enc_p2
+	SUBQ         $4, DX
+	VMOVQ        DX, X1
+	VPSRLW       X1, Y0, Y2
+	VPAND        nibble<>(SB), Y2, Y2
+	VPMADDUBSW   mul16<>(SB), Y2, Y2 // c[2i] + 16 c[2i+1] as words
+	VEXTRACTI128 $1, Y2, X3
+	VPACKUSWB    X3, X2, X2
+	VMOVDQU      X2, (DI)
+	ADDQ         $16, DI
+
+exl3enc_p2:
+	TESTQ $2, CX
+	JZ    exl3enc_p1
+	SUBQ         $2, DX
+	VMOVQ        DX, X1
+	VPSRLW       X1, Y0, Y2
+	VPAND        crumb<>(SB), Y2, Y2
+	VPMADDUBSW   mul4<>(SB), Y2, Y2  // c[2i] + 4 c[2i+1] as words
+	VPMADDWD     wmul16<>(SB), Y2, Y2 // w[2i] + 16 w[2i+1] as dwords
+	VEXTRACTI128 $1, Y2, X3
+	VPACKUSDW    X3, X2, X2
+	VPACKUSWB    X2, X2, X2
+	VMOVQ        X2, (DI)
+	ADDQ         $8, DI
+
+exl3enc_p1:
+	TESTQ $1, CX
+	JZ    exl3enc_done
+	VPSLLW    $7, Y0, Y2 // bit 0 of each byte to its top
+	VPMOVMSKB Y2, AX
+	MOVL      AX, (DI)
+
+exl3enc_done:
 	VZEROUPPER
 	RET
 
-// func exl3DecAVX2(dst *[32]float32, q *[32]uint32, sm, c float32)
-// is rn16 of the butterfly of (float32(q) - c) · sm.
-TEXT ·exl3DecAVX2(SB), NOSPLIT, $0-24
-	MOVQ         dst+0(FP), DI
-	MOVQ         q+8(FP), SI
+// Byte indices and bit masks to spread a plane's bytes over its codes:
+// crumb j (of 32) is in byte j/4 at bits 2(j%4); bit j in byte j/8.
+DATA exl3idx2<>+0(SB)/8, $0x0101010100000000
+DATA exl3idx2<>+8(SB)/8, $0x0303030302020202
+DATA exl3idx2<>+16(SB)/8, $0x0505050504040404
+DATA exl3idx2<>+24(SB)/8, $0x0707070706060606
+GLOBL exl3idx2<>(SB), RODATA|NOPTR, $32
+
+DATA exl3idx1<>+0(SB)/8, $0x0000000000000000
+DATA exl3idx1<>+8(SB)/8, $0x0101010101010101
+DATA exl3idx1<>+16(SB)/8, $0x0202020202020202
+DATA exl3idx1<>+24(SB)/8, $0x0303030303030303
+GLOBL exl3idx1<>(SB), RODATA|NOPTR, $32
+
+splat(exl3lo2, $0x4010040140100401)
+
+splat(exl3hi2, $0x8020080280200802)
+
+splat(exl3bit, $0x8040201008040201)
+
+splat(bytes1, $0x0101010101010101)
+
+splat(bytes2, $0x0202020202020202)
+
+// exl3Bit is 1 in each byte of R where R & M is M (M in Y13), else 0, as
+// bytes AND'd with Y9 (1 or 2); R = that. Y10 clobbered.
+#define exl3Bit(R, OUT, ONE) \
+	VPAND   Y13, R, Y10 \
+	VPCMPEQB Y13, Y10, Y10 \
+	VPAND   ONE, Y10, OUT
+
+// func exl3DecAVX2(dst *[32]float32, src *byte, sm, c float32, bits int)
+// is rn16 of the butterfly of (float32(q) - c) · sm, the codes q read from
+// the bit planes exl3EncAVX2 writes.
+TEXT ·exl3DecAVX2(SB), NOSPLIT, $0-32
+	MOVQ    dst+0(FP), DI
+	MOVQ    src+8(FP), SI
+	MOVQ    bits+24(FP), CX
+	CMPQ    CX, $8
+	JNE     exl3dec_planes
+	VMOVDQU (SI), Y6
+	JMP     exl3dec_codes
+
+exl3dec_planes:
+	VPXOR Y6, Y6, Y6 // the codes, a byte each
+	TESTQ $4, CX
+	JZ    exl3dec_p2
+	VMOVDQU     nibble<>(SB), X5
+	VMOVDQU     (SI), X4
+	VPAND       X5, X4, X0
+	VPSRLW      $4, X4, X1
+	VPAND       X5, X1, X1
+	VPUNPCKLBW  X1, X0, X2 // codes 0-15
+	VPUNPCKHBW  X1, X0, X3 // codes 16-31
+	VINSERTI128 $1, X3, Y2, Y6
+	ADDQ        $16, SI
+
+exl3dec_p2:
+	TESTQ $2, CX
+	JZ    exl3dec_p1
+	VPSLLW       $2, Y6, Y6
+	VPBROADCASTQ (SI), Y4
+	VPSHUFB      exl3idx2<>(SB), Y4, Y4
+	VMOVDQU      bytes1<>(SB), Y8
+	VMOVDQU      bytes2<>(SB), Y9
+	VMOVDQU      exl3lo2<>(SB), Y13
+	exl3Bit(Y4, Y0, Y8)
+	VMOVDQU      exl3hi2<>(SB), Y13
+	exl3Bit(Y4, Y1, Y9)
+	VPOR         Y0, Y6, Y6
+	VPOR         Y1, Y6, Y6
+	ADDQ         $8, SI
+
+exl3dec_p1:
+	TESTQ $1, CX
+	JZ    exl3dec_codes
+	VPADDB       Y6, Y6, Y6
+	VPBROADCASTD (SI), Y4
+	VPSHUFB      exl3idx1<>(SB), Y4, Y4
+	VMOVDQU      bytes1<>(SB), Y8
+	VMOVDQU      exl3bit<>(SB), Y13
+	exl3Bit(Y4, Y0, Y8)
+	VPOR         Y0, Y6, Y6
+
+exl3dec_codes:
+	VEXTRACTI128 $1, Y6, X7
+	VPSRLDQ      $8, X6, X1
+	VPMOVZXBD    X1, Y1
+	VPMOVZXBD    X6, Y0
+	VPSRLDQ      $8, X7, X3
+	VPMOVZXBD    X3, Y3
+	VPMOVZXBD    X7, Y2
 	VBROADCASTSS sm+16(FP), Y4
 	VBROADCASTSS c+20(FP), Y5
 	VMOVDQU      signmask<>(SB), Y14
 	VMOVDQU      qnan32<>(SB), Y15
-	VCVTDQ2PS    0(SI), Y0
-	VCVTDQ2PS    32(SI), Y1
-	VCVTDQ2PS    64(SI), Y2
-	VCVTDQ2PS    96(SI), Y3
+	VCVTDQ2PS    Y0, Y0
+	VCVTDQ2PS    Y1, Y1
+	VCVTDQ2PS    Y2, Y2
+	VCVTDQ2PS    Y3, Y3
 	VSUBPS       Y5, Y0, Y0
 	VSUBPS       Y5, Y1, Y1
 	VSUBPS       Y5, Y2, Y2

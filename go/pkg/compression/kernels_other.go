@@ -47,8 +47,8 @@ func exl2Codes4AVX2(*[16]uint8, *[32]float32, float32, float32, int32)          
 func exl2Dec8AVX2(*[exl2Chunk]float32, *[exl2Chunk]uint8, float32, float32, int32)     { noSIMD() }
 func exl2Dec4AVX2(*[exl2Chunk]float32, *[exl2Chunk / 2]uint8, float32, float32, int32) { noSIMD() }
 func rn16sAVX2([]float32)                                                              { noSIMD() }
-func exl3EncAVX2(*[exl3Group]uint8, *[exl3Group]float32, float32, int32) (float32, uint32) {
+func exl3EncAVX2(*byte, *[exl3Group]float32, float32, int32, int) (float32, uint32) {
 	noSIMD()
 	return 0, 0
 }
-func exl3DecAVX2(*[exl3Group]float32, *[exl3Group]uint32, float32, float32) { noSIMD() }
+func exl3DecAVX2(*[exl3Group]float32, *byte, float32, float32, int) { noSIMD() }
