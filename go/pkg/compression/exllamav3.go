@@ -178,4 +178,3 @@ func exl3Dequantizer(bits int) func(src []byte, dst []float32) {
 		}
 	}
 }
-
