@@ -235,6 +235,17 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"sylvester": func(x []float32, r *rand.Rand) string {
+			var s string
+			for b := 1; b <= len(x) && b <= 1024; b <<= 1 {
+				v := slices.Clone(x[:b])
+				sylvesterButterfly(v)
+				s += bitsOf(v)
+				tqRotate(v)
+				s += bitsOf(v)
+			}
+			return s
+		},
 		"rn16s": func(x []float32, r *rand.Rand) string {
 			v := slices.Clone(x)
 			rn16s(v)

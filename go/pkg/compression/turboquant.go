@@ -181,10 +181,7 @@ func tqHadamardEntry(d int) float32 {
 // c·B(x) in float32.
 func tqRotate(x []float32) {
 	sylvesterButterfly(x)
-	c := tqHadamardEntry(len(x))
-	for i, v := range x {
-		x[i] = v * c
-	}
+	scale(x, tqHadamardEntry(len(x)))
 }
 
 // tqKeyQuantize writes one head vector's MSE indices and fp16 norm.
@@ -207,14 +204,24 @@ func tqKeyQuantize(b int, x []float32, dst []byte) bool {
 	tqRotate(y)
 	mid := tqCentroidTables[[2]int{d, b}].mids
 	codes := dst[:(d*b+7)/8]
-	clear(codes)
-	for i, v := range y {
-		k := 0 // the count of midpoints <= v: a NaN counts none
-		for k < len(mid) && v >= mid[k] {
-			k++
-		}
-		tqPut(codes, b, i, uint32(k))
+	var kbuf [512]uint8
+	ks := kbuf[:]
+	if d > len(kbuf) {
+		ks = make([]uint8, d)
 	}
+	ks = ks[:d]
+	for i, v := range y {
+		// the count of midpoints <= v (a NaN counts none): they are sorted
+		// and 2^b - 1, so a branch-free binary search finds it
+		k := 0
+		for step := (len(mid) + 1) / 2; step > 0; step >>= 1 {
+			if v >= mid[k+step-1] {
+				k += step
+			}
+		}
+		ks[i] = uint8(k)
+	}
+	tqPack(codes, b, ks)
 	binary.LittleEndian.PutUint16(dst[len(codes):], safetensors.Float32ToFP16(norm))
 	return firstNonFinite(x) >= 0
 }
@@ -233,6 +240,51 @@ func tqPut(codes []byte, b, i int, k uint32) {
 	}
 }
 
+// tqPack stores the codes k of a head vector as tqPut does one by one
+// (codes zeroed first): 4-bit a byte per pair, 3-bit three bytes per 8.
+func tqPack(codes []byte, b int, k []uint8) {
+	switch {
+	case b == 4 && len(k)%2 == 0:
+		for i := range codes {
+			codes[i] = k[2*i] | k[2*i+1]<<4
+		}
+	case b == 3 && len(k)%8 == 0:
+		for g := 0; g < len(k)/8; g++ {
+			q := k[8*g : 8*g+8]
+			w := uint32(q[0]) | uint32(q[1])<<3 | uint32(q[2])<<6 | uint32(q[3])<<9 |
+				uint32(q[4])<<12 | uint32(q[5])<<15 | uint32(q[6])<<18 | uint32(q[7])<<21
+			codes[3*g], codes[3*g+1], codes[3*g+2] = byte(w), byte(w>>8), byte(w>>16)
+		}
+	default:
+		clear(codes)
+		for i, c := range k {
+			tqPut(codes, b, i, uint32(c))
+		}
+	}
+}
+
+// tqUnpack reads the d codes of a head vector into k (tqGet of each).
+func tqUnpack(k []uint8, codes []byte, b int) {
+	switch {
+	case b == 4 && len(k)%2 == 0:
+		for i, c := range codes[:len(k)/2] {
+			k[2*i], k[2*i+1] = c&15, c>>4
+		}
+	case b == 3 && len(k)%8 == 0:
+		for g := 0; g < len(k)/8; g++ {
+			w := uint32(codes[3*g]) | uint32(codes[3*g+1])<<8 | uint32(codes[3*g+2])<<16
+			q := k[8*g : 8*g+8]
+			for j := range q {
+				q[j] = uint8(w >> (3 * j) & 7)
+			}
+		}
+	default:
+		for i := range k {
+			k[i] = uint8(tqGet(codes, b, i))
+		}
+	}
+}
+
 // tqGet reads code i (the decode kernels' raw16 >> shift & mask).
 func tqGet(codes []byte, b, i int) int {
 	bit := b * i
@@ -248,9 +300,16 @@ func tqKeyDequantize(b int, src []byte, dst []float32) {
 	d := len(dst)
 	cents := tqCentroids(d, b)
 	n := (d*b + 7) / 8
+	var kbuf [512]uint8
+	ks := kbuf[:0]
+	if d > len(kbuf) {
+		ks = make([]uint8, d)
+	}
+	ks = ks[:d]
+	tqUnpack(ks, src[:n], b)
 	var ss float32
-	for i := range dst {
-		c := cents[tqGet(src[:n], b, i)]
+	for i, k := range ks {
+		c := cents[k]
 		dst[i] = c
 		ss += float32(c * c)
 	}
@@ -264,9 +323,14 @@ func tqKeyDequantize(b int, src []byte, dst []float32) {
 
 // tqValueQuantize writes one head vector's uniform codes, fp16 scale and zero.
 func tqValueQuantize(b int, x []float32, dst []byte) bool {
-	lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
-	for _, v := range x {
-		lo, hi = min(lo, v), max(hi, v)
+	// min and max of x as Go's min and max give them, -0 below +0: minMax
+	// (its AVX2 kernel) unless x holds a NaN, which the builtins propagate
+	lo, hi, abits := minMax(x)
+	if abits > 0x7f800000 {
+		lo, hi = float32(math.Inf(1)), float32(math.Inf(-1))
+		for _, v := range x {
+			lo, hi = min(lo, v), max(hi, v)
+		}
 	}
 	top := float32(int(1)<<b - 1)
 	scale := (hi - lo) / top
@@ -275,15 +339,25 @@ func tqValueQuantize(b int, x []float32, dst []byte) bool {
 	}
 	n := (len(x)*b + 7) / 8
 	codes := dst[:n]
-	clear(codes)
+	var kbuf [512]uint8
+	ks := kbuf[:]
+	if len(x) > len(kbuf) {
+		ks = make([]uint8, len(x))
+	}
+	ks = ks[:len(x)]
 	for i, v := range x {
 		q := float32(float32((v-lo)/scale) + 0.5)
-		k := float32(0) // the GPU's float-to-int conversion of a NaN
-		if q == q {
-			k = min(max(float32(math.Trunc(float64(q))), 0), top)
+		// clamp(trunc(q), 0, top), and 0 for a NaN (the GPU's float-to-int
+		// conversion of it): below 1 (or NaN) 0, from top on top
+		k := uint8(0)
+		if q >= top {
+			k = uint8(top)
+		} else if q >= 1 {
+			k = uint8(q)
 		}
-		tqPut(codes, b, i, uint32(k))
+		ks[i] = k
 	}
+	tqPack(codes, b, ks)
 	binary.LittleEndian.PutUint16(dst[n:], safetensors.Float32ToFP16(scale))
 	binary.LittleEndian.PutUint16(dst[n+2:], safetensors.Float32ToFP16(lo))
 	return firstNonFinite(x) >= 0
@@ -294,9 +368,23 @@ func tqValueDequantize(b int, src []byte, dst []float32) {
 	n := (len(dst)*b + 7) / 8
 	scale := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[n:]))
 	zero := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[n+2:]))
-	for i := range dst {
-		dst[i] = float32(float32(tqGet(src[:n], b, i))*scale) + zero // q·scale is exact: one rounding
+	var kbuf [512]uint8
+	ks := kbuf[:]
+	if len(dst) > len(kbuf) {
+		ks = make([]uint8, len(dst))
 	}
+	ks = ks[:len(dst)]
+	tqUnpack(ks, src[:n], b)
+	var cbuf [512]int8
+	cs := cbuf[:]
+	if len(dst) > len(cbuf) {
+		cs = make([]int8, len(dst))
+	}
+	cs = cs[:len(dst)]
+	for i, k := range ks {
+		cs[i] = int8(k)
+	}
+	dequantAsym(dst, cs, 0xff, scale, zero) // float32(float32(q)·scale) + zero: q·scale is exact, one rounding
 }
 
 // encodeTQKeyFP8 and decodeTQKeyFP8 are turboquant_k8's conversion of a

@@ -498,3 +498,88 @@ func TestTurboQuantFP8KeysSaturate(t *testing.T) {
 		t.Errorf("codes % x (want % x), %d saturated", codes, want, res.Report.Tensors[0].Saturated)
 	}
 }
+
+// The key codes' binary search counts the midpoints <= v as the linear
+// count did, on every table, at each midpoint, its neighbours and NaN.
+func TestTurboQuantMidpointSearch(t *testing.T) {
+	for key, tb := range tqCentroidTables {
+		mid := tb.mids
+		if len(mid) != 1<<key[1]-1 || !slices.IsSorted(mid) {
+			t.Fatalf("%v: %d midpoints, sorted %v", key, len(mid), slices.IsSorted(mid))
+		}
+		var probe []float32
+		for _, m := range mid {
+			probe = append(probe, m, math.Nextafter32(m, -1), math.Nextafter32(m, 1), -m)
+		}
+		probe = append(probe, 0, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1, -1)
+		for _, v := range probe {
+			want := 0
+			for want < len(mid) && v >= mid[want] {
+				want++
+			}
+			k := 0
+			for step := (len(mid) + 1) / 2; step > 0; step >>= 1 {
+				if v >= mid[k+step-1] {
+					k += step
+				}
+			}
+			if k != want {
+				t.Fatalf("%v: v=%g: %d, linear %d", key, v, k, want)
+			}
+		}
+	}
+}
+
+// roundHalfAway32, clamped, is roundHalfAway clamped on a stride of every
+// float32 bit pattern (NaN and Inf included) and around the half steps.
+func TestRoundHalfAway32(t *testing.T) {
+	check := func(v float32) {
+		if a, b := clampNibble(roundHalfAway32(v)), clampNibble(roundHalfAway(v)); math.Float32bits(a) != math.Float32bits(b) {
+			t.Fatalf("%g (%#x): %g, want %g", v, math.Float32bits(v), a, b)
+		}
+	}
+	for u := uint64(0); u < 1<<32; u += 4099 {
+		check(math.Float32frombits(uint32(u)))
+	}
+	for k := -40; k <= 40; k++ {
+		h := float32(k) / 2
+		for _, v := range []float32{h, math.Nextafter32(h, -100), math.Nextafter32(h, 100)} {
+			check(v)
+			check(v * 0x1p20)
+		}
+	}
+}
+
+// tqPack and tqUnpack are tqPut and tqGet of each code, for every width
+// and head size they take (and a head size only the generic path takes).
+func TestTurboQuantPackIsPut(t *testing.T) {
+	r := rand.New(rand.NewSource(3))
+	for _, b := range []int{3, 4} {
+		for _, d := range []int{8, 10, 16, 64, 128, 512, 1024} {
+			k := make([]uint8, d)
+			for i := range k {
+				k[i] = uint8(r.Intn(1 << b))
+			}
+			n := (d*b + 7) / 8
+			want := make([]byte, n)
+			for i, c := range k {
+				tqPut(want, b, i, uint32(c))
+			}
+			got := make([]byte, n)
+			for i := range got {
+				got[i] = 0xff // tqPack writes every byte
+			}
+			tqPack(got, b, k)
+			if !slices.Equal(got, want) {
+				t.Fatalf("b=%d d=%d: tqPack %x, tqPut %x", b, d, got, want)
+			}
+			back := make([]uint8, d)
+			tqUnpack(back, got, b)
+			for i := range back {
+				if int(back[i]) != tqGet(got, b, i) || back[i] != k[i] {
+					t.Fatalf("b=%d d=%d: code %d read %d, tqGet %d, stored %d", b, d, i, back[i], tqGet(got, b, i), k[i])
+				}
+			}
+		}
+	}
+}

@@ -112,6 +112,15 @@ func vllmRHT(x []float32, inverse bool) {
 // 4, ...; its output i is the sum over j of (-1)^popcount(i&j) x[j].
 func sylvesterButterfly(blk []float32) {
 	b := len(blk)
+	if useSIMD && b >= simdBlock {
+		// the same stages: hadamard8 runs h = 1, 2, 4 on each block of 8,
+		// and hadamardStage each wider one, a+b and a-b as here
+		hadamard8(blk)
+		for h := simdBlock; h < b; h <<= 1 {
+			hadamardStage(blk, h)
+		}
+		return
+	}
 	for h := 1; h < b; h <<= 1 {
 		for i := 0; i < b; i += 2 * h {
 			for j := i; j < i+h; j++ {
@@ -130,6 +139,21 @@ func roundHalfAway(v float32) float32 {
 	return float32(math.Trunc(float64(float32(v - 0.5))))
 }
 
+// roundHalfAway32 is roundHalfAway in float32 for the clamped codes: the
+// same value except that it may give +0 for -0 (clampNibble makes both 0).
+// A float32 of magnitude 2^23 or more, an Inf or a NaN is its own
+// truncation.
+func roundHalfAway32(v float32) float32 {
+	t := v - 0.5
+	if v >= 0 {
+		t = v + 0.5
+	}
+	if t < 0x1p23 && t > -0x1p23 {
+		return float32(int32(t))
+	}
+	return t
+}
+
 // vllmInt4Quantize writes one head vector of a cache of dtype dt: d/2
 // bytes of nibbles, then the float32 scale carrying the zero point.
 func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
@@ -141,13 +165,19 @@ func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 	}
 	y = append(y, x...)
 	vllmRHT(y, false)
-	round := dtypeRounding(dt)
+	if dt != safetensors.F32 { // an F32 cache's rounding is the identity
+		round := dtypeRounding(dt)
+		for i, v := range y {
+			y[i] = round(v)
+		}
+	}
 	lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
-	nonFinite := false
-	for i, v := range y {
-		v = round(v)
-		y[i] = v
-		nonFinite = nonFinite || math.IsNaN(float64(x[i])) || math.IsInf(float64(x[i]), 0)
+	var top uint32
+	for _, v := range x { // the top bit set where the exponent is all ones: NaN or ±Inf
+		top |= math.Float32bits(v)&0x7f800000 + 0x00800000
+	}
+	nonFinite := top>>31 != 0
+	for _, v := range y {
 		if v < lo { // tl.min and tl.max skip a NaN, as these comparisons do
 			lo = v
 		}
@@ -165,7 +195,7 @@ func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 	for i, v := range y {
 		// k * inv_k + k_zp_f (:137-138): one use of the product, and Triton fuses by default
 		// (enable_fp_fusion): one rounding, as the GPU most likely computes it
-		q := uint8(clampNibble(roundHalfAway(float32(math.FMA(float64(v), float64(inv), float64(zp))))))
+		q := uint8(clampNibble(roundHalfAway32(float32(math.FMA(float64(v), float64(inv), float64(zp))))))
 		if i&1 == 0 {
 			codes[i/2] = q
 		} else {
