@@ -40,3 +40,14 @@ var haveWireAVX512 = func() bool {
 	_, b, _, _ := wireCPUID(7, 0)
 	return b&(1<<16) != 0
 }()
+
+// wireEncode32 codes groups of 16 symbols with 32 states in two 16-lane
+// vectors, from the highest group down (wire_amd64.s; AVX-512F).
+//
+//go:noescape
+func wireEncode32(a *wireEnc32Args)
+
+// wireFill32 sets dst[l] = e | l<<20 (wire_amd64.s; AVX-512F).
+//
+//go:noescape
+func wireFill32(dst []uint32, e uint32)

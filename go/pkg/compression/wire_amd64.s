@@ -221,30 +221,26 @@ DATA wireIota<>+60(SB)/4, $15
 GLOBL wireIota<>(SB), RODATA|NOPTR, $64
 
 // One group of 16 symbols with the state vector X (lane i: the state of
-// the group's symbol i): slot l = X & mask; a = the byte at sym row + lane
-// offset + l (a 4-byte gather, masked to its low byte), stored; e = fs row
-// [lane offset + a]; X = (e & 0xffff) * (X >> prec) + l - (e >> 16). Then
-// the lanes below 2^16 take the next words in lane order (VPEXPANDD of the
-// 16 words at R14, zero-extended): X = X<<16 | word, R14 += 2 a word; the
-// rows and out step on.
+// the group's symbol i): slot l = X & mask; e = the entry at row + lane
+// offset + l (decodeEntries's: symbol, frequency less one, l - start);
+// the symbol (e's low byte) is stored; X = (X >> prec) * (f-1+1) +
+// (l - start). Then the lanes below 2^16 take the next words in lane
+// order (VPEXPANDD of the 16 words at R14, zero-extended): X = X<<16 |
+// word, R14 += 2 a word; the row and out step on.
 #define wireGroup32(X) \
 	VPANDD      X, Z10, Z2 \
 	VPADDD      Z2, Z11, Z3 \
 	KXNORW      K1, K1, K1 \
 	VPXORD      Z4, Z4, Z4 \
-	VPGATHERDD  (R8)(Z3*1), K1, Z4 \
-	VPANDD      Z4, Z13, Z4 \
+	VPGATHERDD  (R8)(Z3*4), K1, Z4 \
 	VPMOVDB     Z4, (R12) \
-	VPADDD      Z4, Z12, Z5 \
-	KXNORW      K2, K2, K2 \
-	VPXORD      Z6, Z6, Z6 \
-	VPGATHERDD  (R9)(Z5*4), K2, Z6 \
+	VPSRLD      $8, Z4, Z5 \
+	VPANDD      Z5, Z13, Z5 \
+	VPADDD      Z5, Z14, Z5 \
+	VPSRLD      $20, Z4, Z6 \
 	VPSRLD      X16, X, X \
-	VPANDD      Z6, Z14, Z7 \
-	VPMULLD     Z7, X, X \
-	VPADDD      Z2, X, X \
-	VPSRLD      $16, Z6, Z6 \
-	VPSUBD      Z6, X, X \
+	VPMULLD     Z5, X, X \
+	VPADDD      Z6, X, X \
 	VPCMPUD     $1, Z15, X, K3 \
 	VPMOVZXWD   (R14), Z8 \
 	VPEXPANDD.Z Z8, K3, Z9 \
@@ -254,58 +250,50 @@ GLOBL wireIota<>(SB), RODATA|NOPTR, $64
 	POPCNTL     AX, AX \
 	LEAQ        (R14)(AX*2), R14 \
 	ADDQ        R10, R8 \
-	ADDQ        R11, R9 \
 	ADDQ        $16, R12
 
-// At a row's end (R15 groups counted down), the rows step back.
+// At a row's end (R15 groups counted down), the row steps back.
 #define wireRowEnd(L) \
 	DECQ R15 \
 	JNZ  L \
 	MOVQ DI, R15 \
-	SUBQ 112(BX), R8 \
-	SUBQ 120(BX), R9 \
+	SUBQ 96(BX), R8 \
 L:
 
 // func wireDecode32(a *wireDecode32Args)
 TEXT ·wireDecode32(SB), NOSPLIT, $0-8
 	MOVQ a+0(FP), BX
-	MOVQ 0(BX), R8   // sym row
-	MOVQ 8(BX), R9   // fs row
-	MOVQ 16(BX), R12 // out
-	MOVQ 24(BX), R14 // words
-	MOVQ 40(BX), R13
+	MOVQ 0(BX), R8   // entries row
+	MOVQ 8(BX), R12  // out
+	MOVQ 16(BX), R14 // words
+	MOVQ 32(BX), R13
 	ADDQ R14, R13    // the last group start in words
-	MOVQ 64(BX), CX  // prec
+	MOVQ 48(BX), CX  // prec
 	VMOVQ CX, X16
 	MOVL $1, AX
 	SHLL CX, AX
 	DECL AX
 	VPBROADCASTD AX, Z10
 	VMOVDQU32 wireIota<>(SB), Z5
-	MOVQ 48(BX), AX  // rstep
+	MOVQ 40(BX), AX  // rstep
 	VPBROADCASTD AX, Z11
 	VPMULLD Z5, Z11, Z11
-	SHLQ $4, AX
+	SHLQ $6, AX      // 16 lanes of 4 bytes
 	MOVQ AX, R10
-	MOVQ 56(BX), AX  // fstep
-	VPBROADCASTD AX, Z12
-	VPMULLD Z5, Z12, Z12
-	SHLQ $6, AX
-	MOVQ AX, R11
-	MOVL $0xff, AX
+	MOVL $0xfff, AX
 	VPBROADCASTD AX, Z13
-	MOVL $0xffff, AX
+	MOVL $1, AX
 	VPBROADCASTD AX, Z14
 	MOVL $0x10000, AX
 	VPBROADCASTD AX, Z15
-	MOVQ 72(BX), SI
+	MOVQ 56(BX), SI
 	VMOVDQU32 (SI), Z0
 	VMOVDQU32 64(SI), Z1
-	MOVQ 32(BX), CX  // groups
+	MOVQ 24(BX), CX  // groups
 	XORQ DX, DX
-	MOVQ 104(BX), DI // groups a row
+	MOVQ 88(BX), DI  // groups a row
 	MOVQ DI, R15     // groups left in this row
-	MOVQ 80(BX), AX
+	MOVQ 64(BX), AX
 	TESTQ AX, AX
 	JNZ  wire_d32_second
 
@@ -333,9 +321,9 @@ wire_d32_second:
 wire_d32_done:
 	VMOVDQU32 Z0, (SI)
 	VMOVDQU32 Z1, 64(SI)
-	MOVQ DX, 88(BX)
-	SUBQ 24(BX), R14
-	MOVQ R14, 96(BX)
+	MOVQ DX, 72(BX)
+	SUBQ 16(BX), R14
+	MOVQ R14, 80(BX)
 	VZEROUPPER
 	RET
 
@@ -355,4 +343,153 @@ TEXT ·wireXGETBV0(SB), NOSPLIT, $0-4
 	MOVL $0, CX
 	XGETBV
 	MOVL AX, ret+0(FP)
+	RET
+
+// One encoder group of 16 symbols with the state vector XZ (its low half
+// XY): the symbols at SI, e = fs row [lane offset + symbol]; the lanes
+// whose state x has x >> (32-prec) >= freq give their low 16 bits, in
+// lane order, as the words below DI (compressed, moved to the top lanes,
+// narrowed and stored as the 32 bytes below DI: the bytes below the
+// group's words are free), and shift down by 16; then x += start +
+// floor(x/freq) * (M - freq), the quotient in float64 (exact: x < 2^32,
+// freq <= 2^12). The row and the symbols step back.
+#define wireEncGroup32(XZ, XY) \
+	VPMOVZXBD     (SI), Z2 \
+	VPADDD        Z2, Z20, Z3 \
+	KXNORW        K1, K1, K1 \
+	VPXORD        Z4, Z4, Z4 \
+	VPGATHERDD    (R8)(Z3*4), K1, Z4 \
+	VPANDD        Z4, Z21, Z5 \
+	VPSRLD        $16, Z4, Z6 \
+	VPSRLD        X23, XZ, Z7 \
+	VPCMPUD       $5, Z5, Z7, K2 \
+	VPCOMPRESSD   XZ, K2, Z8 \
+	KMOVW         K2, AX \
+	POPCNTL       AX, AX \
+	MOVL          $16, CX \
+	SUBL          AX, CX \
+	MOVL          $0xffff, R11 \
+	SHLL          CX, R11 \
+	KMOVW         R11, K3 \
+	VPEXPANDD.Z   Z8, K3, Z9 \
+	VPMOVDW       Z9, -32(DI) \
+	SHLQ          $1, AX \
+	SUBQ          AX, DI \
+	VPSRLD        $16, XZ, K2, XZ \
+	VCVTUDQ2PD    XY, Z11 \
+	VEXTRACTI32X8 $1, XZ, Y12 \
+	VCVTUDQ2PD    Y12, Z12 \
+	VCVTUDQ2PD    Y5, Z13 \
+	VEXTRACTI32X8 $1, Z5, Y14 \
+	VCVTUDQ2PD    Y14, Z14 \
+	VDIVPD        Z13, Z11, Z11 \
+	VDIVPD        Z14, Z12, Z12 \
+	VCVTTPD2UDQ   Z11, Y11 \
+	VCVTTPD2UDQ   Z12, Y12 \
+	VINSERTI32X8  $1, Y12, Z11, Z11 \
+	VPSUBD        Z5, Z22, Z15 \
+	VPMULLD       Z15, Z11, Z11 \
+	VPADDD        Z11, XZ, XZ \
+	VPADDD        Z6, XZ, XZ \
+	SUBQ          $16, SI \
+	SUBQ          R10, R8
+
+// At a row's start (R15 groups counted down), the row steps on to the
+// previous row's last group.
+#define wireEncRowEnd(L) \
+	DECQ R15 \
+	JNZ  L \
+	MOVQ R9, R15 \
+	ADDQ 72(BX), R8 \
+L:
+
+// func wireEncode32(a *wireEnc32Args)
+TEXT ·wireEncode32(SB), NOSPLIT, $0-8
+	MOVQ a+0(FP), BX
+	MOVQ 0(BX), R8   // fs row of the first group's first lane
+	MOVQ 8(BX), SI   // the first group's symbols (the highest group)
+	MOVQ 16(BX), DI
+	ADDQ 24(BX), DI  // the words' start
+	MOVQ 80(BX), CX  // prec
+	MOVL $1, AX
+	SHLL CX, AX
+	VPBROADCASTD AX, Z22 // M
+	MOVQ $32, AX
+	SUBQ CX, AX
+	VMOVQ AX, X23
+	MOVL $0xffff, AX
+	VPBROADCASTD AX, Z21
+	VMOVDQU32 wireIota<>(SB), Z5
+	MOVQ 40(BX), AX  // lane step in entries
+	VPBROADCASTD AX, Z20
+	VPMULLD Z5, Z20, Z20
+	SHLQ $6, AX
+	MOVQ AX, R10     // bytes a group steps back
+	MOVQ 48(BX), DX
+	VMOVDQU32 (DX), Z0
+	VMOVDQU32 64(DX), Z1
+	MOVQ 32(BX), R12 // groups
+	MOVQ 64(BX), R9  // groups a row
+	MOVQ R9, R15
+	MOVQ 56(BX), AX
+	TESTQ AX, AX
+	JZ   wire_e32_low
+
+wire_e32_high:
+	TESTQ R12, R12
+	JZ    wire_e32_done
+	wireEncGroup32(Z1, Y1)
+	DECQ  R12
+	wireEncRowEnd(wire_e32_row1)
+
+wire_e32_low:
+	TESTQ R12, R12
+	JZ    wire_e32_done
+	wireEncGroup32(Z0, Y0)
+	DECQ  R12
+	wireEncRowEnd(wire_e32_row0)
+	JMP   wire_e32_high
+
+wire_e32_done:
+	MOVQ 48(BX), DX
+	VMOVDQU32 Z0, (DX)
+	VMOVDQU32 Z1, 64(DX)
+	SUBQ 16(BX), DI
+	MOVQ DI, 24(BX)
+	VZEROUPPER
+	RET
+
+// func wireFill32(dst []uint32, e uint32)
+// dst[l] = e | l<<20, sixteen entries a store (decodeEntries's segments).
+TEXT ·wireFill32(SB), NOSPLIT, $0-28
+	MOVQ dst_base+0(FP), DI
+	MOVQ dst_len+8(FP), CX
+	MOVL e+24(FP), AX
+	VPBROADCASTD AX, Z0
+	VMOVDQU32 wireIota<>(SB), Z1
+	VPSLLD $20, Z1, Z1
+	VPORD  Z1, Z0, Z0
+	MOVL $0x1000000, AX
+	VPBROADCASTD AX, Z2
+
+wire_fill_loop:
+	CMPQ CX, $16
+	JB   wire_fill_tail
+	VMOVDQU32 Z0, (DI)
+	VPADDD Z2, Z0, Z0
+	ADDQ $64, DI
+	SUBQ $16, CX
+	JMP  wire_fill_loop
+
+wire_fill_tail:
+	TESTQ CX, CX
+	JZ    wire_fill_done
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	VMOVDQU32 Z0, K1, (DI)
+
+wire_fill_done:
+	VZEROUPPER
 	RET

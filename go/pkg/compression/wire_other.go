@@ -11,3 +11,7 @@ const haveWireAVX512 = false
 func wireDecode32(*wireDecode32Args) { noSIMD() }
 
 func wireEncodeWideAMD64(*wireEncWideArgs) { noSIMD() }
+
+func wireEncode32(*wireEnc32Args) { noSIMD() }
+
+func wireFill32([]uint32, uint32) { noSIMD() }

@@ -669,7 +669,7 @@ type wireScratch struct {
 // decodeChunk decodes len(dst) symbols, positions from lo, from src, one a
 // byte.
 func (m *wireModel) decodeChunk(dst []uint8, src []byte, w wireShape, lo int) error {
-	return m.decodeSyms(m.decodeTable(nil), dst, src, w, lo)
+	return m.decodeSyms(m.decodeTable(nil), m.decodeEntries(nil), dst, src, w, lo)
 }
 
 // wireDecodeScratch is a decoding worker's memory: the decode table of the
@@ -677,6 +677,7 @@ func (m *wireModel) decodeChunk(dst []uint8, src []byte, w wireShape, lo int) er
 type wireDecodeScratch struct {
 	model *wireModel
 	sym   []uint8
+	ent   []uint32 // decodeEntries's, where wireDecode32 runs
 	syms  []uint8
 }
 
@@ -687,12 +688,13 @@ type wireDecodeScratch struct {
 func (m *wireModel) decodeInto(dst []byte, n int, src []byte, w wireShape, lo int, scratch *wireDecodeScratch) error {
 	if scratch.model != m {
 		scratch.sym, scratch.model = m.decodeTable(scratch.sym), m
+		scratch.ent = m.decodeEntries(scratch.ent)
 	}
 	if cap(scratch.syms) < n {
 		scratch.syms = make([]uint8, n)
 	}
 	syms := scratch.syms[:n]
-	if err := m.decodeSyms(scratch.sym, syms, src, w, lo); err != nil {
+	if err := m.decodeSyms(scratch.sym, scratch.ent, syms, src, w, lo); err != nil {
 		return err
 	}
 	wirePack(dst, syms, m.bits)
@@ -748,9 +750,9 @@ func (it *wireRunIter) next() (n, c0, step int) {
 // s0 that of the next symbol: a group of four decodes with s0..s3
 // (wireDecodeGroups), a single symbol rotates them; the 16-bit words are read in
 // symbol order.
-func (m *wireModel) decodeSyms(sym, dst []uint8, src []byte, w wireShape, lo int) error {
+func (m *wireModel) decodeSyms(sym []uint8, ent []uint32, dst []uint8, src []byte, w wireShape, lo int) error {
 	if m.states != wireStates {
-		return m.decodeWide(sym, dst, src, w, lo)
+		return m.decodeWide(sym, ent, dst, src, w, lo)
 	}
 	if len(src) < 4*wireStates || len(src)&1 != 0 {
 		return fmt.Errorf("stream of %d bytes: want the 16 bytes of states and whole 16-bit words", len(src))

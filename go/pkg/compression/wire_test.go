@@ -261,18 +261,30 @@ func TestWireDecodeKernelsAgree(t *testing.T) {
 	}
 	defer func() { useSIMD = haveSIMD }()
 	r := rand.New(rand.NewSource(8))
-	for _, bits := range []int{1, 2, 3, 4, 6, 8} {
-		w := wireShape{fourD: true, h: 2, d: 64, tq: 300, bits: bits}
+	// token-axis rows of 64 and of 40 channels (not whole groups of 16),
+	// channel-axis rows of 300 tokens, and a part small enough for 4 states
+	shapes := []wireShape{{fourD: true, h: 2, d: 64, tq: 300}, {fourD: true, h: 3, d: 40, tq: 200},
+		{fourD: true, channel: true, h: 2, d: 64, tq: 300}, {fourD: true, h: 2, d: 64, tq: 100}}
+	for i, bits := range []int{1, 2, 3, 4, 6, 8, 2, 4, 3, 5, 4, 2} {
+		w := shapes[i%len(shapes)]
+		w.bits = bits
 		w.n, w.perHeadRun = w.h*w.d*w.tq, w.tq*w.d
 		syms := make([]uint8, w.n)
 		for i := range syms {
 			syms[i] = uint8(min(r.Intn(1<<bits), r.Intn(1<<bits), (i%w.d)%(1<<bits)+r.Intn(2)) & (1<<bits - 1))
 		}
 		m := buildWireModel(syms, w)
+		want := wireWideStates
+		if w.n < wireWideMin {
+			want = wireStates
+		}
+		if m.states != want {
+			t.Fatalf("%d codes: %d states, want %d", w.n, m.states, want)
+		}
 		stream := m.encodeChunk(nil, syms, w, 0, nil)
 		useSIMD = false
 		if goStream := m.encodeChunk(nil, syms, w, 0, nil); !bytes.Equal(stream, goStream) {
-			t.Fatalf("bits %d: the assembly and Go encoders differ", bits)
+			t.Fatalf("bits %d %+v: the assembly and Go encoders differ", bits, w)
 		}
 		for trial := 0; trial < 40; trial++ {
 			bad := append([]byte(nil), stream...)

@@ -20,10 +20,12 @@ import (
 func (m *wireModel) encodeWide(out []byte, syms []uint8, runs []wireRun, scratch *wireScratch) []byte {
 	S := m.states
 	n := len(syms)
-	if cap(scratch.buf) < 2*n+4*S {
-		scratch.buf = make([]byte, 2*n+4*S)
+	// 32 bytes below the states for wireEncode32's stores below its words
+	size := 2*n + 4*S + 32
+	if cap(scratch.buf) < size {
+		scratch.buf = make([]byte, size)
 	}
-	buf := scratch.buf[:2*n+4*S]
+	buf := scratch.buf[:size]
 	wp := len(buf) // the words go backwards from the end
 	enc := m.enc
 	bits := uint(m.bits)
@@ -32,10 +34,40 @@ func (m *wireModel) encodeWide(out []byte, syms []uint8, runs []wireRun, scratch
 		st[j] = wireL
 	}
 	mask := S - 1
+	kernel := S == wireWideStates && useSIMD && haveWireAVX512
+	A := 1 << bits
 	for r := len(runs) - 1; r >= 0; r-- {
 		run := runs[r]
 		ss := syms[run.start : run.start+run.n]
 		k := run.n - 1
+		if kernel && run.step == 1 && run.n&15 == 0 && run.start&15 == 0 && run.c0 >= 0 && (run.c0+run.n)*A <= len(m.fs) {
+			// rows of the same contexts before this one, all in the kernel
+			q := r
+			for q > 0 && runs[q-1].step == 1 && runs[q-1].n == run.n && runs[q-1].c0 == run.c0 {
+				q--
+			}
+			top := run.start + run.n - 16
+			a := wireEnc32Args{fs: &m.fs[(run.c0+run.n-16)*A], syms: &syms[top], buf: &buf[0], wp: wp,
+				groups: (r - q + 1) * run.n / 16, step: A, st: &st, phase: top & 16, rowGroups: run.n / 16,
+				back: 4 * run.n * A, prec: uint64(m.prec)}
+			wireEncode32(&a)
+			wp = a.wp
+			r = q
+			continue
+		}
+		if kernel && k >= 15 {
+			for ; k >= 0 && (run.start+k+1)&15 != 0; k-- {
+				st[(run.start+k)&mask], wp = wireEncOne(st[(run.start+k)&mask], &enc[(run.c0+run.step*k)<<bits|int(ss[k])], buf, wp)
+			}
+			if g := (k + 1) / 16; g > 0 {
+				top := run.start + k - 15
+				a := wireEnc32Args{fs: &m.fs[(run.c0+run.step*(k-15))*A], syms: &syms[top], buf: &buf[0], wp: wp,
+					groups: g, step: run.step * A, st: &st, phase: top & 16, rowGroups: g + 1, prec: uint64(m.prec)}
+				wireEncode32(&a)
+				wp = a.wp
+				k -= 16 * g
+			}
+		}
 		// single symbols down to a group boundary (position k+1 a multiple of 4)
 		for ; k >= 0 && (run.start+k+1)&3 != 0; k-- {
 			st[(run.start+k)&mask], wp = wireEncOne(st[(run.start+k)&mask], &enc[(run.c0+run.step*k)<<bits|int(ss[k])], buf, wp)
@@ -71,8 +103,37 @@ func wireEncOne(x uint32, e *wireEnc, buf []byte, wp int) (uint32, int) {
 	return x + e.bias + uint32(q)*e.cmpl, wp
 }
 
-// decodeWide is decodeSyms for m.states states.
-func (m *wireModel) decodeWide(sym, dst []uint8, src []byte, w wireShape, lo int) error {
+// decodeEntries is the table wireDecode32 decodes with, in buf's memory
+// where it holds it, or nil where that kernel does not run: per context
+// and slot l, one 32-bit entry serving a state's whole step, the slot's
+// symbol s (bits 0-7), its frequency less one (8-19) and l - start(s)
+// (20-31), so that x becomes (x >> prec) * freq + (l - start).
+func (m *wireModel) decodeEntries(buf []uint32) []uint32 {
+	if m.states != wireWideStates || !useSIMD || !haveWireAVX512 {
+		return nil
+	}
+	A, M := m.alphabet(), 1<<m.prec
+	if cap(buf) < m.nctx*M {
+		buf = make([]uint32, m.nctx*M)
+	}
+	t := buf[:m.nctx*M]
+	for c := 0; c < m.nctx; c++ {
+		for s := 0; s < A; s++ {
+			fs := m.fs[c*A+s]
+			f, st := int(fs&0xffff), int(fs>>16)
+			if f == 0 {
+				continue
+			}
+			e := uint32(s) | uint32(f-1)<<8
+			wireFill32(t[c*M+st:c*M+st+f], e) // this table is only built for the AVX-512 kernel
+		}
+	}
+	return t
+}
+
+// decodeWide is decodeSyms for m.states states; ent is decodeEntries's
+// table, nil where wireDecode32 does not run.
+func (m *wireModel) decodeWide(sym []uint8, ent []uint32, dst []uint8, src []byte, w wireShape, lo int) error {
 	S := m.states
 	if len(src) < 4*S || len(src)&1 != 0 {
 		return fmt.Errorf("stream of %d bytes: want the %d bytes of states and whole 16-bit words", len(src), 4*S)
@@ -89,7 +150,7 @@ func (m *wireModel) decodeWide(sym, dst []uint8, src []byte, w wireShape, lo int
 	smask := S - 1
 	n := len(dst)
 	it := w.runIter(m.mode, lo, lo+n)
-	kernel := S == wireWideStates && useSIMD && haveWireAVX512
+	kernel := S == wireWideStates && useSIMD && haveWireAVX512 && ent != nil
 	// rows: the token-axis contexts of modes 2 and 3 repeat every head_dim
 	// positions within a head, which the kernel takes many rows at a time.
 	rows := kernel && w.fourD && !w.channel && m.mode >= 2 && w.d%16 == 0 && w.d > 0 && w.perHeadRun > 0
@@ -100,7 +161,7 @@ func (m *wireModel) decodeWide(sym, dst []uint8, src []byte, w wireShape, lo int
 		frow, fstep := c0<<bits, step<<bits
 		if rows && rn == w.d && i&15 == 0 {
 			r := min(w.perHeadRun-(lo+i)%w.perHeadRun, n-i) / w.d
-			g, used := wireDecodeGroups32(sym, m.fs, dst[i:i+r*w.d], words, p, &st, i, row, rstep, frow, fstep, 1<<bits, prec, w.d)
+			g, used := wireDecodeGroups32(ent, dst[i:i+r*w.d], words, p, &st, i, row, rstep, prec, w.d)
 			if g > 0 {
 				i += 16 * g
 				p += used
@@ -110,7 +171,7 @@ func (m *wireModel) decodeWide(sym, dst []uint8, src []byte, w wireShape, lo int
 		}
 		for k := 0; k < len(out); k++ {
 			if (i+k)&15 == 0 && kernel && len(out)-k >= 16 {
-				g, used := wireDecodeGroups32(sym, m.fs, out[k:], words, p, &st, i+k, row, rstep, frow, fstep, 1<<bits, prec, 0)
+				g, used := wireDecodeGroups32(ent, out[k:], words, p, &st, i+k, row, rstep, prec, 0)
 				if g > 0 {
 					k += 16*g - 1
 					p += used
@@ -149,54 +210,69 @@ func (m *wireModel) decodeWide(sym, dst []uint8, src []byte, w wireShape, lo int
 }
 
 // wireDecodeGroups32 decodes whole groups of 16 symbols from the start of
-// out (position pos of the chunk, a multiple of 16, its contexts' rows at
-// row and frow, stepping by rstep and fstep, and back to row and frow
+// out (position pos of the chunk, a multiple of 16, its contexts' rows of
+// ent, decodeEntries's table, at row, stepping by rstep, and back to row
 // every period positions, a multiple of 16, if period > 0) with
 // wireDecode32, while a group and its 32 bytes of words remain; it returns
 // the groups decoded and the bytes of words they took, the states updated
-// in st. It checks once that every row the groups can read lies in sym
-// (with the 3 bytes the kernel's 4-byte reads take past a slot:
-// decodeTable's slack) and fs.
-func wireDecodeGroups32(sym []uint8, fs []uint32, out []uint8, words []byte, p int, st *[wireMaxStates]uint32, pos, row, rstep, frow, fstep, alpha int, prec uint, period int) (int, int) {
+// in st. It checks once that every row the groups can read lies in ent.
+func wireDecodeGroups32(ent []uint32, out []uint8, words []byte, p int, st *[wireMaxStates]uint32, pos, row, rstep int, prec uint, period int) (int, int) {
 	g := len(out) / 16
 	span := 16 * g
 	if period > 0 {
 		span = min(span, period)
 	}
-	if g == 0 || period&15 != 0 || p+32 > len(words) || row < 0 || rstep < 0 || frow < 0 || fstep < 0 ||
-		row+(span-1)*rstep+1<<prec+3 > cap(sym) || frow+(span-1)*fstep+alpha > len(fs) {
+	if g == 0 || period&15 != 0 || p+32 > len(words) || row < 0 || rstep < 0 || row+(span-1)*rstep+1<<prec > len(ent) {
 		return 0, 0
 	}
-	sym = sym[:cap(sym)]
-	a := wireDecode32Args{sym: &sym[row], fs: &fs[frow], out: &out[0], words: &words[p], groups: g,
-		last: len(words) - 32 - p, rstep: rstep, fstep: fstep, prec: uint64(prec), st: st, phase: pos & 16,
+	a := wireDecode32Args{ent: &ent[row], out: &out[0], words: &words[p], groups: g,
+		last: len(words) - 32 - p, rstep: rstep, prec: uint64(prec), st: st, phase: pos & 16,
 		rowGroups: g + 1}
 	if period > 0 {
-		a.rowGroups, a.back, a.fback = period/16, period*rstep, 4*period*fstep
+		a.rowGroups, a.back = period/16, 4*period*rstep
 	}
 	wireDecode32(&a)
 	return a.done, a.used
 }
 
-// wireDecode32Args are wireDecode32's arguments and results: the table rows,
+// wireDecode32Args are wireDecode32's arguments and results: the table row,
 // symbols and words where the groups start, how many groups it may decode
 // and how many bytes of words may lie past a group's start (it starts one
-// while 32 bytes are left), the rows' steps, the precision, the states (32)
-// and which vector of them decodes the first group (0: states 0-15, 16:
-// 16-31); done and used come back; the rows' period.
+// while 32 bytes are left), the row's step (entries a lane), the
+// precision, the states (32) and which vector of them decodes the first
+// group (0: states 0-15, 16: 16-31); done and used come back; every
+// rowGroups groups the row steps back by back bytes.
 type wireDecode32Args struct {
-	sym          *uint8
-	fs           *uint32
-	out          *uint8
-	words        *byte
-	groups, last int
-	rstep, fstep int
-	prec         uint64
-	st           *[wireMaxStates]uint32
-	phase        int
-	done, used   int
-	// every rowGroups groups the rows step back by back and fback bytes
-	rowGroups, back, fback int
+	ent             *uint32
+	out             *uint8
+	words           *byte
+	groups, last    int
+	rstep           int
+	prec            uint64
+	st              *[wireMaxStates]uint32
+	phase           int
+	done, used      int
+	rowGroups, back int
+}
+
+// wireEnc32Args are wireEncode32's arguments: the frequency row of the
+// highest group's first lane and that group's symbols, the words' buffer
+// and offset (which comes back), the groups, the lanes' step in fs, the
+// states (which come back), which vector codes the first group (16: states
+// 16-31), and every rowGroups groups the row steps forward by back bytes;
+// the precision.
+type wireEnc32Args struct {
+	fs        *uint32
+	syms      *uint8
+	buf       *byte
+	wp        int
+	groups    int
+	step      int
+	st        *[wireMaxStates]uint32
+	phase     int
+	rowGroups int
+	back      int
+	prec      uint64
 }
 
 // wireEncWideArgs are wireEncodeWideAMD64's arguments: as wireEncArgs's,
