@@ -530,12 +530,13 @@ func TestTurboQuantMidpointSearch(t *testing.T) {
 	}
 }
 
-// roundHalfAway32, clamped, is roundHalfAway clamped on a stride of every
-// float32 bit pattern (NaN and Inf included) and around the half steps.
-func TestRoundHalfAway32(t *testing.T) {
+// vllmNibble is clampNibble(roundHalfAway(t)) on a stride of every float32
+// bit pattern (NaN and Inf included) and around the half steps; and the
+// int4 codes' float64 product and sum are math.FMA's rounding.
+func TestVLLMNibble(t *testing.T) {
 	check := func(v float32) {
-		if a, b := clampNibble(roundHalfAway32(v)), clampNibble(roundHalfAway(v)); math.Float32bits(a) != math.Float32bits(b) {
-			t.Fatalf("%g (%#x): %g, want %g", v, math.Float32bits(v), a, b)
+		if a, b := vllmNibble(v), uint8(clampNibble(roundHalfAway(v))); a != b {
+			t.Fatalf("%g (%#x): %d, want %d", v, math.Float32bits(v), a, b)
 		}
 	}
 	for u := uint64(0); u < 1<<32; u += 4099 {
@@ -546,6 +547,15 @@ func TestRoundHalfAway32(t *testing.T) {
 		for _, v := range []float32{h, math.Nextafter32(h, -100), math.Nextafter32(h, 100)} {
 			check(v)
 			check(v * 0x1p20)
+		}
+	}
+	r := rand.New(rand.NewSource(4))
+	for i := 0; i < 1e6; i++ {
+		v := math.Float32frombits(r.Uint32())
+		inv := math.Float32frombits(r.Uint32()&0x3fffffff | 0x10000000)
+		zp := float64(r.Intn(16))
+		if a, b := float32(float64(v)*float64(inv)+zp), float32(math.FMA(float64(v), float64(inv), zp)); math.Float32bits(a) != math.Float32bits(b) && a == a {
+			t.Fatalf("%g·%g + %g: %g, FMA %g", v, inv, zp, a, b)
 		}
 	}
 }

@@ -66,6 +66,28 @@ func vllmSignsOf(b int) []bool {
 	return c.signs
 }
 
+// vllmSignMaskCache holds vllmSignsOf(b) as float32 sign bits (0x80000000
+// where the sign is -1): XORed in, the negation with no branch on a sign
+// that is -1 about half the time at random.
+var vllmSignMaskCache [32]struct {
+	once  sync.Once
+	masks []uint32
+}
+
+// vllmSignMasksOf are vllmSignsOf(b) as sign bits, cached.
+func vllmSignMasksOf(b int) []uint32 {
+	c := &vllmSignMaskCache[bits.TrailingZeros(uint(b))]
+	c.once.Do(func() {
+		c.masks = make([]uint32, b)
+		for i, neg := range vllmSignsOf(b) {
+			if neg {
+				c.masks[i] = 0x80000000
+			}
+		}
+	})
+	return c.masks
+}
+
 // vllmSigns are the first n signs of the RHT: true where the sign is -1.
 func vllmSigns(n int) []bool {
 	mt := newMT19937(vllmSignSeed)
@@ -83,24 +105,19 @@ func vllmSigns(n int) []bool {
 func vllmRHT(x []float32, inverse bool) {
 	d := len(x)
 	b := d & -d
-	signs := vllmSignsOf(b)
+	signs := vllmSignMasksOf(b) // a negation is the sign bit flipped, NaN included
 	for lo := 0; lo < d; lo += b {
 		blk := x[lo : lo+b]
 		if !inverse {
-			for i, neg := range signs {
-				if neg {
-					blk[i] = -blk[i]
-				}
+			for i, m := range signs {
+				blk[i] = math.Float32frombits(math.Float32bits(blk[i]) ^ m)
 			}
 		}
 		sylvesterButterfly(blk)
 		if inverse {
 			inv := float32(1) / float32(b) // a power of two: exact
-			for i, neg := range signs {
-				blk[i] *= inv
-				if neg {
-					blk[i] = -blk[i]
-				}
+			for i, m := range signs {
+				blk[i] = math.Float32frombits(math.Float32bits(blk[i]*inv) ^ m)
 			}
 		}
 	}
@@ -137,21 +154,6 @@ func roundHalfAway(v float32) float32 {
 		return float32(math.Trunc(float64(float32(v + 0.5))))
 	}
 	return float32(math.Trunc(float64(float32(v - 0.5))))
-}
-
-// roundHalfAway32 is roundHalfAway in float32 for the clamped codes: the
-// same value except that it may give +0 for -0 (clampNibble makes both 0).
-// A float32 of magnitude 2^23 or more, an Inf or a NaN is its own
-// truncation.
-func roundHalfAway32(v float32) float32 {
-	t := v - 0.5
-	if v >= 0 {
-		t = v + 0.5
-	}
-	if t < 0x1p23 && t > -0x1p23 {
-		return float32(int32(t))
-	}
-	return t
 }
 
 // vllmInt4Quantize writes one head vector of a cache of dtype dt: d/2
@@ -192,18 +194,32 @@ func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 	zp := clampNibble(roundHalfAway(-lo / scale))
 	inv := 1 / scale
 	codes := dst[:d/2]
-	for i, v := range y {
-		// k * inv_k + k_zp_f (:137-138): one use of the product, and Triton fuses by default
-		// (enable_fp_fusion): one rounding, as the GPU most likely computes it
-		q := uint8(clampNibble(roundHalfAway32(float32(math.FMA(float64(v), float64(inv), float64(zp))))))
-		if i&1 == 0 {
-			codes[i/2] = q
-		} else {
-			codes[i/2] |= q << 4
-		}
+	// k * inv_k + k_zp_f (:137-138): one use of the product, and Triton fuses by default
+	// (enable_fp_fusion): one rounding, as the GPU most likely computes it. Here
+	// float32(math.FMA(v, inv, zp)) in float64, written as a product and a sum: the
+	// float64 product of two float32s is exact, so the sum is the fused one's rounding.
+	inv64, zp64 := float64(inv), float64(zp)
+	for i := 0; i+1 < d; i += 2 {
+		q0 := vllmNibble(float32(float64(y[i])*inv64 + zp64))
+		q1 := vllmNibble(float32(float64(y[i+1])*inv64 + zp64))
+		codes[i/2] = q0 | q1<<4
 	}
 	binary.LittleEndian.PutUint32(dst[d/2:], math.Float32bits(scale)&^0xF|uint32(zp))
 	return nonFinite
+}
+
+// vllmNibble is clampNibble(roundHalfAway(t)) as a code: 0 for a NaN and
+// below 0 (t - 0.5 truncates to 0 or less), else trunc(float32(t + 0.5))
+// up to 15.
+func vllmNibble(t float32) uint8 {
+	if !(t >= 0) {
+		return 0
+	}
+	u := t + 0.5
+	if u >= 15 {
+		return 15
+	}
+	return uint8(u)
 }
 
 // clampNibble is clamp(v, 0, 15), and 0 for a NaN (a rotation past
@@ -220,9 +236,9 @@ func vllmInt4Dequantize(src []byte, dst []float32) {
 	d := len(dst)
 	bits := binary.LittleEndian.Uint32(src[d/2:])
 	zp, scale := float32(bits&0xF), math.Float32frombits(bits&^0xF)
-	for i := range dst {
-		q := float32(src[i/2] >> (4 * (i & 1)) & 0xF)
-		dst[i] = (q - zp) * scale
+	for i := 0; i+1 < d; i += 2 {
+		c := src[i/2]
+		dst[i], dst[i+1] = (float32(c&0xF)-zp)*scale, (float32(c>>4)-zp)*scale
 	}
 	vllmRHT(dst, true)
 }
