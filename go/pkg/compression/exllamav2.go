@@ -101,17 +101,34 @@ func rn16of64(v float64) float32 {
 	return rn16(f)
 }
 
-// encodeEXL2FP8All and decodeEXL2FP8All: the top byte of each fp16.
+// encodeEXL2FP8All and decodeEXL2FP8All: the top byte of each fp16. The
+// encode converts 256 values at a time with safetensors' F16 conversion
+// (F16C where the CPU has it, Float32ToFP16's bits for every input) and
+// keeps each half's high byte; the read looks the 256 values up.
 func encodeEXL2FP8All(j *tensorJob, x []float32, qlo, qhi int) {
 	codes := j.codes[qlo:qhi]
-	for i, v := range x[:len(codes)] {
-		codes[i] = uint8(safetensors.Float32ToFP16(v) >> 8)
+	var half [2 * 256]byte
+	for lo := 0; lo < len(codes); lo += 256 {
+		c := codes[lo:min(lo+256, len(codes))]
+		h := half[:2*len(c)]
+		safetensors.EncodeFloat32s(h, x[lo:lo+len(c)], safetensors.F16)
+		for i := range c {
+			c[i] = h[2*i+1] // little-endian: the high byte
+		}
 	}
 }
 
+// exl2FP8Values are the values of the 256 codes: FP16ToFloat32(c << 8).
+var exl2FP8Values = func() (t [256]float32) {
+	for c := range t {
+		t[c] = safetensors.FP16ToFloat32(uint16(c) << 8)
+	}
+	return t
+}()
+
 func decodeEXL2FP8All(j *tensorJob, y []float32, qlo, qhi int) {
 	for i, c := range j.codes[qlo:qhi] {
-		y[i] = safetensors.FP16ToFloat32(uint16(c) << 8)
+		y[i] = exl2FP8Values[c]
 	}
 }
 
