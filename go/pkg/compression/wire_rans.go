@@ -482,7 +482,16 @@ func wireUnpack(dst []uint8, packed []byte, lo, bits int) {
 		return
 	case 4:
 		p := packed[lo/2:]
-		for i := 0; i+1 < len(dst); i += 2 {
+		// 8 bytes, 16 codes at a time: the low and high nibbles spread to
+		// alternate bytes
+		n16 := min(len(dst), 2*len(p)) &^ 15
+		for i := 0; i < n16; i += 16 {
+			v := binary.LittleEndian.Uint64(p[i/2:])
+			l, h := v&0x0f0f0f0f0f0f0f0f, v>>4&0x0f0f0f0f0f0f0f0f
+			binary.LittleEndian.PutUint64(dst[i:], wireSpread(uint32(l))|wireSpread(uint32(h))<<8)
+			binary.LittleEndian.PutUint64(dst[i+8:], wireSpread(uint32(l>>32))|wireSpread(uint32(h>>32))<<8)
+		}
+		for i := n16; i+1 < len(dst); i += 2 {
 			b := p[i/2]
 			dst[i], dst[i+1] = b&15, b>>4
 		}
@@ -493,6 +502,37 @@ func wireUnpack(dst []uint8, packed []byte, lo, bits int) {
 	}
 	mask := uint64(1)<<bits - 1
 	bit := lo * bits
+	// Eight codes are bits whole bytes (lo is a multiple of 8): a group at a
+	// time while 8 bytes can be read, then one by one.
+	if p := packed[bit>>3:]; len(p) >= 8 {
+		b := uint(bits)
+		gmask := uint64(1)<<(8*b) - 1
+		ng := min(len(dst)/8, (len(p)-8)/bits+1)
+		if bits <= 3 {
+			// the 8 fields spread to bytes in three halvings: fields 4-7 to
+			// bit 32, 2-3 of each half to bit 16 of it, the odd ones to bit 8
+			// (the fields left behind fall outside the masks for b <= 3)
+			m4 := (uint64(1)<<(4*b) - 1) * (1 | 1<<32)
+			m2 := (uint64(1)<<(2*b) - 1) * 0x0001000100010001
+			m1 := mask * 0x0101010101010101
+			for g := 0; g < ng; g++ {
+				v := binary.LittleEndian.Uint64(p[g*bits:]) & gmask
+				v = (v | v<<(32-4*b)) & m4
+				v = (v | v<<(16-2*b)) & m2
+				v = (v | v<<(8-b)) & m1
+				binary.LittleEndian.PutUint64(dst[8*g:], v)
+			}
+		} else {
+			for g := 0; g < ng; g++ {
+				v := binary.LittleEndian.Uint64(p[g*bits:]) & gmask
+				o := dst[8*g : 8*g+8 : 8*g+8]
+				o[0], o[1], o[2], o[3] = uint8(v&mask), uint8(v>>b&mask), uint8(v>>(2*b)&mask), uint8(v>>(3*b)&mask)
+				o[4], o[5], o[6], o[7] = uint8(v>>(4*b)&mask), uint8(v>>(5*b)&mask), uint8(v>>(6*b)&mask), uint8(v>>(7*b)&mask)
+			}
+		}
+		dst = dst[8*ng:]
+		bit += 8 * ng * bits
+	}
 	for i := range dst {
 		byteAt, off := bit>>3, uint(bit&7)
 		v := uint64(packed[byteAt]) >> off
@@ -502,6 +542,13 @@ func wireUnpack(dst []uint8, packed []byte, lo, bits int) {
 		dst[i] = uint8(v & mask)
 		bit += bits
 	}
+}
+
+// wireSpread moves x's four bytes to the even bytes of the result.
+func wireSpread(x uint32) uint64 {
+	v := uint64(x)
+	v = (v | v<<16) & 0x0000ffff0000ffff
+	return (v | v<<8) & 0x00ff00ff00ff00ff
 }
 
 // wirePack writes codes src as bits-wide fields into dst (its first code on a byte).
@@ -669,7 +716,10 @@ type wireScratch struct {
 // decodeChunk decodes len(dst) symbols, positions from lo, from src, one a
 // byte.
 func (m *wireModel) decodeChunk(dst []uint8, src []byte, w wireShape, lo int) error {
-	return m.decodeSyms(m.decodeTable(nil), m.decodeEntries(nil), dst, src, w, lo)
+	if ent := m.decodeEntries(nil); ent != nil {
+		return m.decodeSyms(nil, ent, dst, src, w, lo)
+	}
+	return m.decodeSyms(m.decodeTable(nil), nil, dst, src, w, lo)
 }
 
 // wireDecodeScratch is a decoding worker's memory: the decode table of the
@@ -678,6 +728,7 @@ type wireDecodeScratch struct {
 	model *wireModel
 	sym   []uint8
 	ent   []uint32 // decodeEntries's, where wireDecode32 runs
+	tab   []uint32 // ent where the model last built uses it, else nil
 	syms  []uint8
 }
 
@@ -687,14 +738,20 @@ type wireDecodeScratch struct {
 // model's: the table then is warm in the cache for the chunks that follow.
 func (m *wireModel) decodeInto(dst []byte, n int, src []byte, w wireShape, lo int, scratch *wireDecodeScratch) error {
 	if scratch.model != m {
-		scratch.sym, scratch.model = m.decodeTable(scratch.sym), m
-		scratch.ent = m.decodeEntries(scratch.ent)
+		scratch.model = m
+		// the AVX-512 kernel's table where it runs (the Go steps in between
+		// use it too), else the slot-to-symbol bytes
+		if ent := m.decodeEntries(scratch.ent); ent != nil {
+			scratch.ent, scratch.tab = ent, ent
+		} else {
+			scratch.sym, scratch.tab = m.decodeTable(scratch.sym), nil
+		}
 	}
 	if cap(scratch.syms) < n {
 		scratch.syms = make([]uint8, n)
 	}
 	syms := scratch.syms[:n]
-	if err := m.decodeSyms(scratch.sym, scratch.ent, syms, src, w, lo); err != nil {
+	if err := m.decodeSyms(scratch.sym, scratch.tab, syms, src, w, lo); err != nil {
 		return err
 	}
 	wirePack(dst, syms, m.bits)

@@ -755,3 +755,28 @@ func TestWireCountPacked(t *testing.T) {
 		}
 	}
 }
+
+// wireUnpack from any multiple of 8, every width and length, is the codes.
+func TestWireUnpack(t *testing.T) {
+	r := rand.New(rand.NewSource(13))
+	for bits := 1; bits <= 8; bits++ {
+		for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 31, 64, 100, 1001} {
+			syms := make([]uint8, n)
+			for i := range syms {
+				syms[i] = uint8(r.Intn(1 << bits))
+			}
+			packed := make([]byte, PackedLen(n, bits))
+			wirePack(packed, syms, bits)
+			for _, lo := range []int{0, 8, 16, 64} {
+				if lo > n {
+					continue
+				}
+				got := make([]uint8, n-lo)
+				wireUnpack(got, packed, lo, bits)
+				if !bytes.Equal(got, syms[lo:]) {
+					t.Fatalf("bits %d n %d lo %d: unpacked differently", bits, n, lo)
+				}
+			}
+		}
+	}
+}

@@ -182,10 +182,17 @@ func (m *wireModel) decodeWide(sym []uint8, ent []uint32, dst []uint8, src []byt
 			j := (i + k) & smask
 			x := st[j]
 			l := x & mask
-			a := sym[row+int(l)]
-			e := m.fs[frow+int(a)]
+			var a uint8
+			if ent != nil { // the kernel's table, the same step
+				e := ent[row+int(l)]
+				a = uint8(e)
+				x = (e>>8&0xfff+1)*(x>>prec) + e>>20
+			} else {
+				a = sym[row+int(l)]
+				e := m.fs[frow+int(a)]
+				x = (e&0xffff)*(x>>prec) + l - e>>16
+			}
 			row, frow = row+rstep, frow+fstep
-			x = (e&0xffff)*(x>>prec) + l - e>>16
 			if x < wireL {
 				if p+2 > len(words) {
 					return errors.New("stream ends before its symbols")
