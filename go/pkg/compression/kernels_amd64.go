@@ -108,3 +108,13 @@ func exl3EncAVX2(dst *byte, x *[exl3Group]float32, m float32, qmax int32, bits i
 //
 //go:noescape
 func exl3DecAVX2(dst *[exl3Group]float32, src *byte, sm, c float32, bits int)
+
+// nvfp4CodesAVX2 writes the block's E2M1 codes of x_i·os (nvfp4Code) two
+// a byte and returns a bit per product past ±6; nvfp4DecAVX2 is
+// nvfp4Dequantize's block.
+//
+//go:noescape
+func nvfp4CodesAVX2(dst *[nvfp4Block / 2]byte, x *[nvfp4Block]float32, os float32) (past6 uint32)
+
+//go:noescape
+func nvfp4DecAVX2(dst *[nvfp4Block]float32, src *[nvfp4Block / 2]byte, sf, k float32)

@@ -1358,3 +1358,143 @@ exl3dec_codes:
 	VMOVUPS      Y3, 96(DI)
 	VZEROUPPER
 	RET
+
+// The E2M1 conversion of NVFP4 (e2m1RNE and nvfp4Code in nvfp4.go): the
+// code of |a| counts the bounds of e2m1RNEBounds it reaches (a signed
+// compare of the magnitude's bits with bound - 1: both are below 2^31),
+// the sign bit adds 8, and a NaN is 0x7.
+splat(e2m1b0, $0x3e8000003e800000)
+
+splat(e2m1b1, $0x3f3fffff3f3fffff)
+
+splat(e2m1b2, $0x3fa000003fa00000)
+
+splat(e2m1b3, $0x3fdfffff3fdfffff)
+
+splat(e2m1b4, $0x4020000040200000)
+
+splat(e2m1b5, $0x405fffff405fffff)
+
+splat(e2m1b6, $0x40a0000040a00000)
+
+splat(six32, $0x40c0000040c00000)
+
+splat(inf32, $0x7f8000007f800000)
+
+// nvfp4Code8 turns the 8 products in R into their codes (int32) in place,
+// and ORs the lanes past ±6 (not NaN) into Y12. Y13 abs mask, Y14 sign
+// mask; Y8-Y11 clobbered.
+#define nvfp4Code8(R) \
+	VANDPS   Y13, R, Y8 \
+	VPXOR    Y9, Y9, Y9 \
+	VPCMPGTD e2m1b0<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD e2m1b1<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD e2m1b2<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD e2m1b3<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD e2m1b4<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD e2m1b5<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD e2m1b6<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD six32<>(SB), Y8, Y10 \
+	VMOVDQU  inf32<>(SB), Y11 \
+	VPCMPGTD Y11, Y8, Y11 \
+	VPANDN   Y10, Y11, Y10 \
+	VPOR     Y10, Y12, Y12 \
+	VPANDN   R, Y11, R \
+	VPAND    Y14, R, R \
+	VPSRLD   $28, R, R \
+	VPOR     Y9, R, R
+
+// func nvfp4CodesAVX2(dst *[8]byte, x *[16]float32, os float32) (past6 uint32)
+// writes E2M1(x_i * os) two a byte, element 2i low, and returns a bit per
+// product past ±6.
+TEXT ·nvfp4CodesAVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS os+16(FP), Y0
+	VMULPS       0(SI), Y0, Y1
+	VMULPS       32(SI), Y0, Y0
+	VMOVDQU      absmask<>(SB), Y13
+	VMOVDQU      signmask<>(SB), Y14
+	VPXOR        Y12, Y12, Y12
+	nvfp4Code8(Y1)
+	VMOVMSKPS    Y12, AX
+	VPXOR        Y12, Y12, Y12
+	nvfp4Code8(Y0)
+	VMOVMSKPS    Y12, BX
+	SHLL         $8, BX
+	ORL          BX, AX
+	MOVL         AX, past6+24(FP)
+	VPSRLQ       $28, Y1, Y2 // the odd code of each pair 4 bits up into the even one's dword
+	VPOR         Y2, Y1, Y1
+	VPSRLQ       $28, Y0, Y2
+	VPOR         Y2, Y0, Y0
+	VMOVDQU      nvfp4pick<>(SB), Y3
+	VPSHUFB      Y3, Y1, Y1 // each lane's two bytes into its low word
+	VPSHUFB      Y3, Y0, Y0
+	VEXTRACTI128 $1, Y1, X2
+	VPUNPCKLWD   X2, X1, X1
+	VEXTRACTI128 $1, Y0, X2
+	VPUNPCKLWD   X2, X0, X0
+	VPUNPCKLDQ   X0, X1, X1
+	VMOVQ        X1, (DI)
+	VZEROUPPER
+	RET
+
+// Bytes 0 and 8 of each 128-bit lane into its bytes 0 and 1.
+DATA nvfp4pick<>+0(SB)/8, $0x8080808080800800
+DATA nvfp4pick<>+8(SB)/8, $0x8080808080808080
+DATA nvfp4pick<>+16(SB)/8, $0x8080808080800800
+DATA nvfp4pick<>+24(SB)/8, $0x8080808080808080
+GLOBL nvfp4pick<>(SB), RODATA|NOPTR, $32
+
+// The E2M1 magnitudes of codes 0-7.
+DATA e2m1mag<>+0(SB)/4, $0x00000000
+DATA e2m1mag<>+4(SB)/4, $0x3f000000
+DATA e2m1mag<>+8(SB)/4, $0x3f800000
+DATA e2m1mag<>+12(SB)/4, $0x3fc00000
+DATA e2m1mag<>+16(SB)/4, $0x40000000
+DATA e2m1mag<>+20(SB)/4, $0x40400000
+DATA e2m1mag<>+24(SB)/4, $0x40800000
+DATA e2m1mag<>+28(SB)/4, $0x40c00000
+GLOBL e2m1mag<>(SB), RODATA|NOPTR, $32
+
+// nvfp4Value is ±E2M1(code) · sf · k for the 8 codes (int32) in R.
+// Y5 magnitudes, Y14 sign mask, Y6 sf, Y7 k; Y8 clobbered.
+#define nvfp4Value(R) \
+	VPERMPS Y5, R, Y8 \
+	VPSLLD  $28, R, R \
+	VPAND   Y14, R, R \
+	VXORPS  R, Y8, R \
+	VMULPS  Y6, R, R \
+	VMULPS  Y7, R, R
+
+// func nvfp4DecAVX2(dst *[16]float32, src *[8]byte, sf, k float32)
+TEXT ·nvfp4DecAVX2(SB), NOSPLIT, $0-24
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	VBROADCASTSS sf+16(FP), Y6
+	VBROADCASTSS k+20(FP), Y7
+	VMOVDQU      e2m1mag<>(SB), Y5
+	VMOVDQU      signmask<>(SB), Y14
+	VMOVQ        (SI), X4
+	VMOVDQU      nibble<>(SB), X3
+	VPAND        X3, X4, X0
+	VPSRLW       $4, X4, X1
+	VPAND        X3, X1, X1
+	VPUNPCKLBW   X1, X0, X2 // the 16 codes in order
+	VPMOVZXBD    X2, Y0
+	VPSRLDQ      $8, X2, X2
+	VPMOVZXBD    X2, Y1
+	nvfp4Value(Y0)
+	nvfp4Value(Y1)
+	VMOVUPS      Y0, 0(DI)
+	VMOVUPS      Y1, 32(DI)
+	VZEROUPPER
+	RET

@@ -52,3 +52,8 @@ func exl3EncAVX2(*byte, *[exl3Group]float32, float32, int32, int) (float32, uint
 	return 0, 0
 }
 func exl3DecAVX2(*[exl3Group]float32, *byte, float32, float32, int) { noSIMD() }
+func nvfp4CodesAVX2(*[nvfp4Block / 2]byte, *[nvfp4Block]float32, float32) uint32 {
+	noSIMD()
+	return 0
+}
+func nvfp4DecAVX2(*[nvfp4Block]float32, *[nvfp4Block / 2]byte, float32, float32) { noSIMD() }

@@ -246,6 +246,24 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"nvfp4": func(x []float32, r *rand.Rand) string {
+			var s string
+			for i := 0; i+nvfp4Block <= len(x); i += nvfp4Block {
+				for _, w := range []nvfp4Writer{nvfp4VLLM, nvfp4VLLM4over6, nvfp4TRTLLM} {
+					for _, k := range []float32{1, 0.37, 1e-3, 3e4} {
+						blk := make([]byte, nvfp4Bytes)
+						nf, sat := w.quantize(x[i:i+nvfp4Block], blk, k)
+						y := make([]float32, nvfp4Block)
+						nvfp4Dequantize(blk, y, k)
+						s += fmt.Sprint(nf, sat, blk) + bitsOf(y)
+						r.Read(blk)
+						nvfp4Dequantize(blk, y, k)
+						s += bitsOf(y)
+					}
+				}
+			}
+			return s
+		},
 		"rn16s": func(x []float32, r *rand.Rand) string {
 			v := slices.Clone(x)
 			rn16s(v)
@@ -332,7 +350,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs

@@ -1,6 +1,9 @@
 package compression
 
-import "math"
+import (
+	"math"
+	"math/bits"
+)
 
 // NVFP4 KV caches: vLLM 0.33.0's nvfp4 and nvfp4_4over6, TensorRT-LLM
 // 1.2.1's nvfp4. Both engines write with NVIDIA's cvt_warp_fp16_to_fp4
@@ -207,6 +210,14 @@ func (w nvfp4Writer) quantize(x []float32, dst []byte, k float32) (nonFinite boo
 			sf, sfByte, os = sf4, sfByte4, os4
 		}
 	}
+	if useSIMD { // the same products and codes, 16 at a time (nvfp4CodesAVX2)
+		past6 := nvfp4CodesAVX2((*[nvfp4Block / 2]byte)(dst[:nvfp4Block/2]), (*[nvfp4Block]float32)(x), os)
+		if sf > 464 {
+			saturated = bits.OnesCount32(past6)
+		}
+		dst[nvfp4Block/2] = sfByte
+		return top >= 0x7f800000, saturated
+	}
 	for i := 0; i < nvfp4Block; i += 2 {
 		a, b := float32(x[i]*os), float32(x[i+1]*os)
 		dst[i/2] = nvfp4Code(a) | nvfp4Code(b)<<4
@@ -226,6 +237,10 @@ func (w nvfp4Writer) quantize(x []float32, dst []byte, k float32) (nonFinite boo
 // (exact), times k.
 func nvfp4Dequantize(src []byte, dst []float32, k float32) {
 	sf := fp8E4M3.decode[src[nvfp4Block/2]]
+	if useSIMD {
+		nvfp4DecAVX2((*[nvfp4Block]float32)(dst[:nvfp4Block]), (*[nvfp4Block / 2]byte)(src[:nvfp4Block/2]), sf, k)
+		return
+	}
 	for i := range dst[:nvfp4Block] {
 		dst[i] = e2m1Value(src[i/2]>>(4*(i&1))&0xf) * sf * k
 	}
