@@ -94,9 +94,22 @@ func isSubnormal32(v float32) bool {
 // rounding twice differs from rounding once, a float64 sum that lies
 // exactly halfway between two float32 values while the exact sum does
 // not, is settled by that error's sign.
+//
+// The float64 sum is such a midpoint only where its 29 bits below a
+// float32's 24 are 1 followed by zeros, at float32's normal exponents (and
+// its overflow threshold, which that covers too); elsewhere, and for an Inf
+// or a NaN, the one rounding of float32(s) is the answer.
 func fma32(a, b, c float32) float32 {
 	p, cc := float64(a)*float64(b), float64(c)
 	s := p + cc
+	if u := math.Float64bits(s); u&0x1fffffff != 0x10000000 && u&0x7ff0000000000000 >= 0x3810000000000000 {
+		return float32(s)
+	}
+	return fma32Slow(p, cc, s)
+}
+
+// fma32Slow is fma32 of the exact product p and c (float64), s = p + cc.
+func fma32Slow(p, cc, s float64) float32 {
 	r := float32(s)
 	if math.IsInf(s, 0) || math.IsNaN(s) || float64(r) == s {
 		return r

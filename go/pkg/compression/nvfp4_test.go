@@ -491,3 +491,27 @@ func TestNVFP4InEngineReport(t *testing.T) {
 		}
 	}
 }
+
+// fma32's fast path is the full computation (fma32Slow) on random
+// float32s, the products of small codes, and around float32 midpoints,
+// subnormals and the overflow threshold.
+func TestFMA32FastPath(t *testing.T) {
+	r := rand.New(rand.NewSource(8))
+	check := func(a, b, c float32) {
+		p, cc := float64(a)*float64(b), float64(c)
+		if got, want := fma32(a, b, c), fma32Slow(p, cc, p+cc); math.Float32bits(got) != math.Float32bits(want) && got == got {
+			t.Fatalf("fma32(%g, %g, %g) = %g, want %g", a, b, c, got, want)
+		}
+	}
+	for i := 0; i < 2e6; i++ {
+		check(math.Float32frombits(r.Uint32()), math.Float32frombits(r.Uint32()), math.Float32frombits(r.Uint32()))
+		a := float32(r.Intn(13)-6) / 2
+		b := math.Float32frombits(r.Uint32()&0x807fffff | uint32(100+r.Intn(60))<<23)
+		c := math.Float32frombits(r.Uint32()&0x807fffff | uint32(100+r.Intn(60))<<23)
+		check(a, b, c)
+		check(a, b, -a*b+c*0x1p-30)
+		m := math.Float32frombits(r.Uint32()&0x807fffff | uint32(1+r.Intn(3))<<23) // near the subnormals
+		check(a, m, -m)
+		check(1, math.MaxFloat32, math.Float32frombits(r.Uint32()&0x7fffffff|0x73000000))
+	}
+}
