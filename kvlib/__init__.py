@@ -6,7 +6,10 @@ Import what you use from ``kvlib`` itself (``from kvlib import run_sweep``); the
 in the order the data flows. Names load on first use, so ``import kvlib`` is instant.
 """
 
+from kvlib._hqq_deferred import install as _defer_hqq
 from kvlib._lazy import lazy_exports, table_of
+
+_defer_hqq()  # transformers' cache module imports hqq only when the HQQ peer needs it (kvlib._hqq_deferred)
 
 # The design documents' API, then the sweep's and the room's entry points: name -> module.
 _EXPORTS = table_of(**{

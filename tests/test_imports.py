@@ -16,7 +16,7 @@ KVLIB = Path(kvlib.__file__).parent
 
 # Each room's floor: a module imports only from its own room or from rooms on lower floors.
 FLOORS = {
-    "env": 0, "dtypes": 0, "gates": 0, "_lazy": 0,
+    "env": 0, "dtypes": 0, "gates": 0, "_lazy": 0, "_hqq_deferred": 0,
     "cache": 1,
     "codec": 2, "models": 2,
     "transforms": 3,
