@@ -29,6 +29,7 @@ import pytest
 import engine_reference as er
 import make_engine_vectors
 from kvq_reference import decode
+from vector_files import read_parts, write_inputs
 
 HARNESS = Path(__file__).parent / "engine_harness"
 REPO = Path(__file__).resolve().parent.parent
@@ -57,30 +58,10 @@ def test_engine_vectors_cover_the_issue():
     assert {b["format"] for b in VECTORS["blocks"]} == set(er.FORMATS) | {"q8_0_ref"}
 
 
-def _write(path: Path, tensors: list[dict]) -> None:
-    header, blobs, off = {}, [], 0
-    for t in tensors:
-        raw = bytes.fromhex(t["input_hex"])
-        header[t["name"]] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
-
-
-def _read(path: Path) -> tuple[dict, dict[str, bytes]]:
-    blob = path.read_bytes()
-    n = int.from_bytes(blob[:8], "little")
-    header = json.loads(blob[8 : 8 + n])
-    body = blob[8 + n :]
-    return header, {k: body[v["data_offsets"][0] : v["data_offsets"][1]] for k, v in header.items() if k != "__metadata__"}
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_cli_reproduces_engine_vectors(case, cli, tmp_path):
     src, kvq, out = tmp_path / "in.safetensors", tmp_path / "in.kvq.safetensors", tmp_path / "out.safetensors"
-    _write(src, case["tensors"])
+    write_inputs(src, case["tensors"])
     proc = subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", case["spec"]],
                           capture_output=True, text=True)
     if "error" in case:
@@ -90,7 +71,7 @@ def test_cli_reproduces_engine_vectors(case, cli, tmp_path):
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     assert report["scheme"] == case["spec"]
-    _, parts = _read(kvq)
+    _, parts = read_parts(kvq)
     for t, tr in zip(case["tensors"], report["tensors"]):
         assert parts[t["name"] + ".codes"].hex() == t["parts"][".codes"], t["name"]
         if "rotation_size" in t:  # an engine format: the report says what the rotation did (llama.cpp's)
@@ -100,7 +81,7 @@ def test_cli_reproduces_engine_vectors(case, cli, tmp_path):
     assert set(parts) == {t["name"] + ".codes" for t in case["tensors"]}
     proc = subprocess.run([cli, "decompress", "-input", str(kvq), "-output", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    header, restored = _read(out)
+    header, restored = read_parts(out)
     for t in case["tensors"]:
         assert header[t["name"]]["dtype"] == t["dtype"] and restored[t["name"]].hex() == t["restored_hex"], t["name"]
 
@@ -296,15 +277,15 @@ def test_cli_is_the_engines_c(fmt, dtype, cli, harness, tmp_path):
             xs[r] = decode(raw, dtype)
             tensors.append(dict(name=f"layer_0_{r}", dtype=dtype, shape=[1, 3, 5, hd], input_hex=raw.hex()))
         src, kvq, out = tmp_path / "in.safetensors", tmp_path / "c.safetensors", tmp_path / "r.safetensors"
-        _write(src, tensors)
+        write_inputs(src, tensors)
         proc = subprocess.run([cli, "roundtrip", "-input", str(src), "-output", str(out), "-scheme", f"llama.cpp:{fmt}"],
                               capture_output=True, text=True)
         assert proc.returncode in (0, 1), proc.stderr
         rep = json.loads(proc.stdout)
         subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", f"llama.cpp:{fmt}"],
                        capture_output=True, check=False)
-        _, parts = _read(kvq)
-        _, restored = _read(out)
+        _, parts = read_parts(kvq)
+        _, restored = read_parts(out)
         for i, r in enumerate(("key", "value")):
             rot = 0 if fmt == "f16" else er.rotation_size(r, hd)[0]
             assert rep["tensors"][i].get("rotation_size", 0) == rot
@@ -366,12 +347,12 @@ def test_cli_is_libggml(fmt, cli, libggml, tmp_path):
                 xs[r] = decode(raw, dtype).reshape(nh, nt, hd)
                 tensors.append(dict(name=f"layer_0_{r}", dtype=dtype, shape=[1, nh, nt, hd], input_hex=raw.hex()))
             src, kvq, out = tmp_path / "in.safetensors", tmp_path / "c.safetensors", tmp_path / "r.safetensors"
-            _write(src, tensors)
+            write_inputs(src, tensors)
             subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", f"llama.cpp:{fmt}"],
                            capture_output=True, check=False)
             subprocess.run([cli, "decompress", "-input", str(kvq), "-output", str(out)], capture_output=True, check=True)
-            _, parts = _read(kvq)
-            _, restored = _read(out)
+            _, parts = read_parts(kvq)
+            _, restored = read_parts(out)
             for r in ("key", "value"):
                 rot = 0 if fmt == "f16" else er.rotation_size(r, hd)[0]
                 xe = xs[r].transpose(1, 0, 2).copy()  # the engine's rows: one token, all heads

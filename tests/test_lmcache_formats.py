@@ -25,32 +25,11 @@ import lmcache_harness as lh
 import lmcache_reference as lr
 import make_lmcache_vectors
 from kvq_reference import decode
+from vector_files import read_parts, write_inputs
 
 VECTORS = json.loads(make_lmcache_vectors.OUT.read_text())
 CASES = VECTORS["cases"]
 TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-
-
-def _write(path, tensors: list[dict]) -> None:
-    """A safetensors file of the vector tensors' input bytes."""
-    header, blobs, off = {}, [], 0
-    for t in tensors:
-        raw = bytes.fromhex(t["input_hex"])
-        header[t["name"]] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
-
-
-def _read(path) -> tuple[dict, dict[str, bytes]]:
-    """A safetensors file's header and each tensor's bytes."""
-    blob = path.read_bytes()
-    n = int.from_bytes(blob[:8], "little")
-    header = json.loads(blob[8 : 8 + n])
-    body = blob[8 + n :]
-    return header, {k: body[v["data_offsets"][0] : v["data_offsets"][1]] for k, v in header.items() if k != "__metadata__"}
 
 
 def test_vectors_are_current():
@@ -60,7 +39,7 @@ def test_vectors_are_current():
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_cli_reproduces_lmcache_vectors(case, cli, tmp_path):
     src, kvq, out = tmp_path / "in.safetensors", tmp_path / "in.kvq", tmp_path / "out.safetensors"
-    _write(src, case["tensors"])
+    write_inputs(src, case["tensors"])
     proc = subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", case["spec"]],
                           capture_output=True, text=True)
     if "error" in case:
@@ -70,13 +49,13 @@ def test_cli_reproduces_lmcache_vectors(case, cli, tmp_path):
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
     assert report["scheme"] == case["spec"]
-    _, parts = _read(kvq)
+    _, parts = read_parts(kvq)
     for t, tr in zip(case["tensors"], report["tensors"]):
         assert parts[t["name"] + ".codes"].hex() == t["parts"][".codes"], t["name"]
         assert tr["compressed_size_bytes"] == len(parts[t["name"] + ".codes"])
         assert tr.get("saturated", 0) == t["saturated"] and tr.get("bins") == t.get("bins"), tr["name"]
     subprocess.run([cli, "decompress", "-input", str(kvq), "-output", str(out)], check=True, capture_output=True)
-    _, restored = _read(out)
+    _, restored = read_parts(out)
     for t in case["tensors"]:
         assert restored[t["name"]].hex() == t["restored_hex"], t["name"]
 
@@ -220,7 +199,7 @@ def test_bins_are_cachegen_configs(layers, cli, tmp_path):
     tensors = [dict(name=f"layer_{i}_{r}", dtype="F32", shape=[1, 1, 1, 2], input_hex=np.array([1, -2], "<f4").tobytes().hex())
                for i in range(layers) for r in ("key", "value")]
     src, kvq = tmp_path / "in.safetensors", tmp_path / "in.kvq"
-    _write(src, tensors)
+    write_inputs(src, tensors)
     proc = subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", "lmcache:cachegen"],
                           capture_output=True, text=True)
     assert proc.returncode in (0, 1), proc.stderr
