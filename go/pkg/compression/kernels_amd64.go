@@ -118,3 +118,8 @@ func nvfp4CodesAVX2(dst *[nvfp4Block / 2]byte, x *[nvfp4Block]float32, os float3
 
 //go:noescape
 func nvfp4DecAVX2(dst *[nvfp4Block]float32, src *[nvfp4Block / 2]byte, sf, k float32)
+
+// kvfp4CodesAVX2 writes SGLang's FP4 codes of a block (kvfp4Code) two a byte.
+//
+//go:noescape
+func kvfp4CodesAVX2(dst *[kvfp4Block / 2]byte, x *[kvfp4Block]float32, inv float32)

@@ -1498,3 +1498,73 @@ TEXT ·nvfp4DecAVX2(SB), NOSPLIT, $0-24
 	VMOVUPS      Y1, 32(DI)
 	VZEROUPPER
 	RET
+
+// SGLang's E2M1 bounds (kvfp4Bounds, a value on a bound rounds up), less 1.
+splat(kvfp4b0, $0x3e7fffff3e7fffff)
+
+splat(kvfp4b1, $0x3f3fffff3f3fffff)
+
+splat(kvfp4b2, $0x3f9fffff3f9fffff)
+
+splat(kvfp4b3, $0x3fdfffff3fdfffff)
+
+splat(kvfp4b4, $0x401fffff401fffff)
+
+splat(kvfp4b5, $0x405fffff405fffff)
+
+splat(kvfp4b6, $0x409fffff409fffff)
+
+// kvfp4Code8 is kvfp4Code of the 8 quotients in R, in place: the bounds
+// reached, plus 8 for a sign bit on a nonzero magnitude. Y13 abs mask,
+// Y14 sign mask, Y12 zero; Y8-Y10 clobbered.
+#define kvfp4Code8(R) \
+	VANDPS   Y13, R, Y8 \
+	VPXOR    Y9, Y9, Y9 \
+	VPCMPGTD kvfp4b0<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD kvfp4b1<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD kvfp4b2<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD kvfp4b3<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD kvfp4b4<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD kvfp4b5<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPGTD kvfp4b6<>(SB), Y8, Y10 \
+	VPSUBD   Y10, Y9, Y9 \
+	VPCMPEQD Y12, Y8, Y10 \
+	VPANDN   R, Y10, R \
+	VPAND    Y14, R, R \
+	VPSRLD   $28, R, R \
+	VPOR     Y9, R, R
+
+// func kvfp4CodesAVX2(dst *[8]byte, x *[16]float32, inv float32)
+// writes kvfp4Code(x_i, inv) two a byte, element 2i low.
+TEXT ·kvfp4CodesAVX2(SB), NOSPLIT, $0-20
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS inv+16(FP), Y0
+	VMULPS       0(SI), Y0, Y1
+	VMULPS       32(SI), Y0, Y0
+	VMOVDQU      absmask<>(SB), Y13
+	VMOVDQU      signmask<>(SB), Y14
+	VPXOR        Y12, Y12, Y12
+	kvfp4Code8(Y1)
+	kvfp4Code8(Y0)
+	VPSRLQ       $28, Y1, Y2
+	VPOR         Y2, Y1, Y1
+	VPSRLQ       $28, Y0, Y2
+	VPOR         Y2, Y0, Y0
+	VMOVDQU      nvfp4pick<>(SB), Y3
+	VPSHUFB      Y3, Y1, Y1
+	VPSHUFB      Y3, Y0, Y0
+	VEXTRACTI128 $1, Y1, X2
+	VPUNPCKLWD   X2, X1, X1
+	VEXTRACTI128 $1, Y0, X2
+	VPUNPCKLWD   X2, X0, X0
+	VPUNPCKLDQ   X0, X1, X1
+	VMOVQ        X1, (DI)
+	VZEROUPPER
+	RET

@@ -264,6 +264,37 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"mx": func(x []float32, r *rand.Rand) string {
+			var s string
+			for i := 0; i+kvfp4Block <= len(x); i += kvfp4Block {
+				blk := make([]byte, kvfp4Bytes)
+				nf := sglangQuantizeFP4(x[i:i+kvfp4Block], blk)
+				y := make([]float32, kvfp4Block)
+				sglangDequantizeFP4(blk, y)
+				s += fmt.Sprint(nf, blk) + bitsOf(y)
+				r.Read(blk)
+				sglangDequantizeFP4(blk, y)
+				s += bitsOf(y)
+			}
+			for _, el := range []mxElement{mxFP4, mxFP8} {
+				quant, dequant := mxQuantizer(el), mxDequantizer(el)
+				size := mxBlock + 1
+				if el.nibble {
+					size = mxBlock/2 + 1
+				}
+				for i := 0; i+mxBlock <= len(x); i += mxBlock {
+					blk := make([]byte, size)
+					nf := quant(x[i:i+mxBlock], blk)
+					y := make([]float32, mxBlock)
+					dequant(blk, y)
+					s += fmt.Sprint(nf, blk) + bitsOf(y)
+					r.Read(blk)
+					dequant(blk, y)
+					s += bitsOf(y)
+				}
+			}
+			return s
+		},
 		"rn16s": func(x []float32, r *rand.Rand) string {
 			v := slices.Clone(x)
 			rn16s(v)
@@ -350,7 +381,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "mx" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs

@@ -92,6 +92,11 @@ func sglangQuantizeFP4(x []float32, dst []byte) bool {
 	}
 	e := kvfp4Exponent(math.Float32frombits(top))
 	inv := math.Ldexp(1, -e)
+	if useSIMD { // the float32 product is the float64 one rounded once: 2^-e (e in [-33, 127]) is a float32
+		kvfp4CodesAVX2((*[kvfp4Block / 2]byte)(dst[:kvfp4Block/2]), (*[kvfp4Block]float32)(x[:kvfp4Block]), float32(inv))
+		dst[kvfp4Block/2] = uint8(e + 127)
+		return false
+	}
 	for i := 0; i < kvfp4Block; i += 2 {
 		dst[i/2] = kvfp4Code(x[i], inv) | kvfp4Code(x[i+1], inv)<<4
 	}
@@ -103,6 +108,10 @@ func sglangQuantizeFP4(x []float32, dst []byte) bool {
 // signed, times 2^(sf-127) in float32 (sf 253 with code 6: +Inf).
 func sglangDequantizeFP4(src []byte, dst []float32) {
 	scale := float32(math.Ldexp(1, int(src[kvfp4Block/2])-127))
+	if useSIMD { // (±v)·scale·1 has the bits of v·scale with the sign set: scale is > 0 (or +Inf)
+		nvfp4DecAVX2((*[nvfp4Block]float32)(dst[:kvfp4Block]), (*[nvfp4Block / 2]byte)(src[:kvfp4Block/2]), scale, 1)
+		return
+	}
 	for i := 0; i < kvfp4Block; i++ {
 		c := src[i/2] >> (4 * (i & 1)) & 0xf
 		dst[i] = math.Float32frombits(math.Float32bits(e2m1Values[c&7]*scale) | uint32(c&8)<<28) // c&8: negative

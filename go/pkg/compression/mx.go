@@ -100,6 +100,15 @@ func mxQuantizer(el mxElement) func(x []float32, dst []byte) bool {
 			n = mxBlock / 2
 			clear(dst[:n])
 		}
+		if el.nibble && useSIMD && !nonFinite {
+			// E2M1 of x·2^-e with nvfp4's kernel: the float32 product is the
+			// float64 one rounded once, as 2^-e (|e| <= 127) is a float32
+			inv32 := float32(math.Ldexp(1, -e))
+			nvfp4CodesAVX2((*[nvfp4Block / 2]byte)(dst[:8]), (*[nvfp4Block]float32)(x[:16]), inv32)
+			nvfp4CodesAVX2((*[nvfp4Block / 2]byte)(dst[8:16]), (*[nvfp4Block]float32)(x[16:32]), inv32)
+			dst[n] = uint8(e + 127)
+			return false
+		}
 		inv := math.Ldexp(1, -e)
 		for i, v := range x[:mxBlock] {
 			c := el.encode(float64(v) * inv) // exact: a power of two, |e| <= 127 inside float64's normals
@@ -123,6 +132,11 @@ func mxDequantizer(el mxElement) func(src []byte, dst []float32) {
 		scale := float32(math.Ldexp(1, int(src[n])-127))
 		if src[n] == 0xff { // E8M0's NaN (only hostile bytes carry it)
 			scale = float32(math.NaN())
+		}
+		if el.nibble && useSIMD { // E2M1 value · scale · 1: nvfp4's read
+			nvfp4DecAVX2((*[nvfp4Block]float32)(dst[:16]), (*[nvfp4Block / 2]byte)(src[:8]), scale, 1)
+			nvfp4DecAVX2((*[nvfp4Block]float32)(dst[16:32]), (*[nvfp4Block / 2]byte)(src[8:16]), scale, 1)
+			return
 		}
 		for i := range dst[:mxBlock] {
 			var c uint8
