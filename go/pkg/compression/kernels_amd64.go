@@ -123,3 +123,8 @@ func nvfp4DecAVX2(dst *[nvfp4Block]float32, src *[nvfp4Block / 2]byte, sf, k flo
 //
 //go:noescape
 func kvfp4CodesAVX2(dst *[kvfp4Block / 2]byte, x *[kvfp4Block]float32, inv float32)
+
+// e4m3EncodeAVX2 is fp8E4M3.encode(x_i · mul) over whole blocks of 32.
+//
+//go:noescape
+func e4m3EncodeAVX2(codes []uint8, x []float32, mul float32)

@@ -1568,3 +1568,78 @@ TEXT ·kvfp4CodesAVX2(SB), NOSPLIT, $0-20
 	VMOVQ        X1, (DI)
 	VZEROUPPER
 	RET
+
+// E4M3 encode (fp8Format.encode of fp8E4M3, vllm.go), 8 lanes: both
+// rounding paths of rounded and a select, the clamp to 0x7e, the sign,
+// and 0x7f for a NaN. The constants are fp8E4M3's: shift 20, half
+// 0x7ffff, rebias 120 << 3, smallest normal 2^-6, subnormal scale 2^9.
+splat(one32, $0x0000000100000001)
+
+splat(e4m3half, $0x0007ffff0007ffff)
+
+splat(e4m3rebias, $0x000003c0000003c0)
+
+splat(e4m3sub, $0x4400000044000000)
+
+splat(two23, $0x4b0000004b000000)
+
+splat(mant23, $0x007fffff007fffff)
+
+splat(e4m3minn, $0x3c7fffff3c7fffff)
+
+splat(e4m3max, $0x0000007e0000007e)
+
+splat(b80, $0x0000008000000080)
+
+splat(e4m3nan, $0x0000007f0000007f)
+
+// e4m3Code8 is the E4M3 code (int32) of OFF(SI) · Y11 into R. Y12 abs
+// mask, Y13 0x7f; Y4, Y6-Y8 clobbered.
+#define e4m3Code8(OFF, R) \
+	VMULPS    OFF(SI), Y11, R \
+	VPAND     Y12, R, Y4 \
+	VPSRLD    $20, Y4, Y6 \
+	VPAND     one32<>(SB), Y6, Y6 \
+	VPADDD    e4m3half<>(SB), Y6, Y6 \
+	VPADDD    Y4, Y6, Y6 \
+	VPSRLD    $20, Y6, Y6 \
+	VPSUBD    e4m3rebias<>(SB), Y6, Y6 \
+	VMULPS    e4m3sub<>(SB), Y4, Y7 \
+	VADDPS    two23<>(SB), Y7, Y7 \
+	VPAND     mant23<>(SB), Y7, Y7 \
+	VPCMPGTD  e4m3minn<>(SB), Y4, Y8 \
+	VPBLENDVB Y8, Y6, Y7, Y6 \
+	VPMINUD   e4m3max<>(SB), Y6, Y6 \
+	VPSRLD    $24, R, Y7 \
+	VPAND     b80<>(SB), Y7, Y7 \
+	VPOR      Y7, Y6, Y6 \
+	VPCMPGTD  inf32<>(SB), Y4, Y8 \
+	VPBLENDVB Y8, Y13, Y6, R
+
+// func e4m3EncodeAVX2(codes []uint8, x []float32, mul float32)
+// writes fp8E4M3.encode(x_i · mul) for len(x) a multiple of 32.
+TEXT ·e4m3EncodeAVX2(SB), NOSPLIT, $0-52
+	MOVQ         codes_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	MOVQ         x_len+32(FP), CX
+	SHRQ         $5, CX
+	JZ           e4m3_done
+	VBROADCASTSS mul+48(FP), Y11
+	VMOVDQU      absmask<>(SB), Y12
+	VMOVDQU      e4m3nan<>(SB), Y13
+	VMOVDQU      packorder<>(SB), Y5
+
+e4m3_loop:
+	e4m3Code8(0, Y0)
+	e4m3Code8(32, Y1)
+	e4m3Code8(64, Y2)
+	e4m3Code8(96, Y3)
+	packCodes32(VPACKUSWB)
+	ADDQ $128, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ  e4m3_loop
+
+e4m3_done:
+	VZEROUPPER
+	RET

@@ -295,6 +295,18 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"e4m3": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1))} {
+				c := make([]uint8, len(x))
+				n := e4m3Encode(c, x, mul)
+				for i, v := range x[n:] {
+					c[n+i] = fp8E4M3.encode(float32(v * mul))
+				}
+				s += fmt.Sprint(c)
+			}
+			return s
+		},
 		"rn16s": func(x []float32, r *rand.Rand) string {
 			v := slices.Clone(x)
 			rn16s(v)
@@ -381,7 +393,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "mx" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "mx" && name != "e4m3" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs

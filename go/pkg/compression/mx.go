@@ -109,6 +109,13 @@ func mxQuantizer(el mxElement) func(x []float32, dst []byte) bool {
 			dst[n] = uint8(e + 127)
 			return false
 		}
+		if !el.nibble && useSIMD { // the one 8-bit element, E4M3 (mxFP8)
+			// E4M3 of x·2^-e with the kernel: the float32 product is the float64
+			// one rounded once, as 2^-e (|e| <= 127) is a float32
+			e4m3Encode(dst[:mxBlock], x[:mxBlock], float32(math.Ldexp(1, -e)))
+			dst[n] = uint8(e + 127)
+			return nonFinite
+		}
 		inv := math.Ldexp(1, -e)
 		for i, v := range x[:mxBlock] {
 			c := el.encode(float64(v) * inv) // exact: a power of two, |e| <= 127 inside float64's normals

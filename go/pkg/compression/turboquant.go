@@ -392,11 +392,14 @@ func tqValueDequantize(b int, src []byte, dst []float32) {
 func encodeTQKeyFP8(j *tensorJob, x []float32, qlo, qhi int) {
 	codes := j.codes[qlo:qhi]
 	n := int64(0)
-	for i, v := range x[:len(codes)] {
+	for _, v := range x[:len(codes)] {
 		if v > 448 || v < -448 {
 			n++
 		}
-		codes[i] = fp8E4M3.encode(v)
+	}
+	m := e4m3Encode(codes, x[:len(codes)], 1) // v·1 is v (a NaN stays one: encode gives its NaN code)
+	for i, v := range x[m:len(codes)] {
+		codes[m+i] = fp8E4M3.encode(v)
 	}
 	j.saturated.Add(n)
 }

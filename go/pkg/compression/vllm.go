@@ -273,6 +273,20 @@ func (f *fp8Format) rounded(a uint32) uint32 {
 	return r
 }
 
+// e4m3Encode writes fp8E4M3.encode(float32(x_i · mul)) for a prefix of
+// x of whole blocks of 32 with the AVX2 kernel (none without it), and
+// returns its length: the caller converts the rest.
+func e4m3Encode(codes []uint8, x []float32, mul float32) int {
+	if !useSIMD {
+		return 0
+	}
+	n := len(x) &^ 31
+	if n > 0 {
+		e4m3EncodeAVX2(codes[:n], x[:n], mul)
+	}
+	return n
+}
+
 // encodeFP8All and decodeFP8All are a per-tensor FP8 format's conversion
 // of a whole chunk, with the scheme's static scale.
 func encodeFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi int) {
@@ -338,10 +352,11 @@ func perHeadQuantizer(p perHeadCode) func(x []float32, dst []byte) bool {
 				codes[i] = uint8(int8(q))
 			}
 		} else {
-			for i, v := range x {
+			n := e4m3Encode(codes, x, inv)
+			for i, v := range x[n:] {
 				// the kernel clamps to ±448 first; encode saturates there itself (satfinite: a
 				// value past 448, ±Inf, gives ±448's code; a NaN its NaN, as the clamp keeps it)
-				codes[i] = fp8E4M3.encode(float32(v * inv))
+				codes[n+i] = fp8E4M3.encode(float32(v * inv))
 			}
 		}
 		binary.LittleEndian.PutUint32(dst[len(x):], math.Float32bits(scale))
