@@ -549,6 +549,17 @@ func FuzzWireDecode(f *testing.F) {
 		m := buildWireModel(syms, w)
 		f.Add(uint8(bits), m.marshal(), m.encodeChunk(nil, syms, w, 0, nil), uint16(w.n))
 	}
+	// a 32-state model and stream (the AVX-512 decoder's), 17,600 codes
+	w := wireShape{fourD: true, h: 2, d: 8, tq: 1100, n: 17600, bits: 3, perHeadRun: 8800}
+	syms := make([]uint8, w.n)
+	for i := range syms {
+		syms[i] = uint8(min(r.Intn(8), r.Intn(8), i%8))
+	}
+	if m := buildWireModel(syms, w); m.states != wireWideStates {
+		f.Fatalf("%d states", m.states)
+	} else {
+		f.Add(uint8(2), m.marshal(), m.encodeChunk(nil, syms, w, 0, nil), uint16(w.n-1))
+	}
 	f.Fuzz(func(t *testing.T, bits uint8, model, stream []byte, n uint16) {
 		b := int(bits%8) + 1
 		w := wireShape{fourD: true, h: 2, d: 8, tq: (int(n) + 15) / 16, bits: b}
@@ -582,6 +593,13 @@ func FuzzWireDecompress(f *testing.F) {
 		}
 		f.Add(c0(res.Compressed))
 	}
+	// 38,400 codes a tensor: 32-state streams
+	spec, _ := ParseSpec("lm2rot+wire")
+	res, err := Compress(wireCache(12, safetensors.BF16, 1, 2, 300, 64), Config{Spec: spec})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(c0(res.Compressed))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		parsed, err := safetensors.Parse(data)
 		if err != nil {
