@@ -204,22 +204,25 @@ func tqKeyQuantize(b int, x []float32, dst []byte) bool {
 	tqRotate(y)
 	mid := tqCentroidTables[[2]int{d, b}].mids
 	codes := dst[:(d*b+7)/8]
-	var kbuf [512]uint8
+	var kbuf [512]int8
 	ks := kbuf[:]
 	if d > len(kbuf) {
-		ks = make([]uint8, d)
+		ks = make([]int8, d)
 	}
 	ks = ks[:d]
 	for i, v := range y {
 		// the count of midpoints <= v (a NaN counts none): they are sorted
-		// and 2^b - 1, so a branch-free binary search finds it
+		// and 2^b - 1, so a binary search finds it, each step a conditional
+		// move (a branch on v would be mispredicted half the time)
 		k := 0
 		for step := (len(mid) + 1) / 2; step > 0; step >>= 1 {
+			t := 0
 			if v >= mid[k+step-1] {
-				k += step
+				t = step
 			}
+			k += t
 		}
-		ks[i] = uint8(k)
+		ks[i] = int8(k)
 	}
 	tqPack(codes, b, ks)
 	binary.LittleEndian.PutUint16(dst[len(codes):], safetensors.Float32ToFP16(norm))
@@ -242,45 +245,43 @@ func tqPut(codes []byte, b, i int, k uint32) {
 
 // tqPack stores the codes k of a head vector as tqPut does one by one
 // (codes zeroed first): 4-bit a byte per pair, 3-bit three bytes per 8.
-func tqPack(codes []byte, b int, k []uint8) {
+func tqPack(codes []byte, b int, k []int8) {
 	switch {
 	case b == 4 && len(k)%2 == 0:
-		for i := range codes {
-			codes[i] = k[2*i] | k[2*i+1]<<4
-		}
+		pack4(codes, k) // two a byte, the first low (its AVX2 kernel 32 at a time)
 	case b == 3 && len(k)%8 == 0:
 		for g := 0; g < len(k)/8; g++ {
 			q := k[8*g : 8*g+8]
 			w := uint32(q[0]) | uint32(q[1])<<3 | uint32(q[2])<<6 | uint32(q[3])<<9 |
-				uint32(q[4])<<12 | uint32(q[5])<<15 | uint32(q[6])<<18 | uint32(q[7])<<21
+				uint32(q[4])<<12 | uint32(q[5])<<15 | uint32(q[6])<<18 | uint32(q[7])<<21 // each 0..7
 			codes[3*g], codes[3*g+1], codes[3*g+2] = byte(w), byte(w>>8), byte(w>>16)
 		}
 	default:
 		clear(codes)
 		for i, c := range k {
-			tqPut(codes, b, i, uint32(c))
+			tqPut(codes, b, i, uint32(uint8(c)))
 		}
 	}
 }
 
 // tqUnpack reads the d codes of a head vector into k (tqGet of each).
-func tqUnpack(k []uint8, codes []byte, b int) {
+func tqUnpack(k []int8, codes []byte, b int) {
 	switch {
 	case b == 4 && len(k)%2 == 0:
 		for i, c := range codes[:len(k)/2] {
-			k[2*i], k[2*i+1] = c&15, c>>4
+			k[2*i], k[2*i+1] = int8(c&15), int8(c>>4)
 		}
 	case b == 3 && len(k)%8 == 0:
 		for g := 0; g < len(k)/8; g++ {
 			w := uint32(codes[3*g]) | uint32(codes[3*g+1])<<8 | uint32(codes[3*g+2])<<16
 			q := k[8*g : 8*g+8]
 			for j := range q {
-				q[j] = uint8(w >> (3 * j) & 7)
+				q[j] = int8(w >> (3 * j) & 7)
 			}
 		}
 	default:
 		for i := range k {
-			k[i] = uint8(tqGet(codes, b, i))
+			k[i] = int8(tqGet(codes, b, i))
 		}
 	}
 }
@@ -300,10 +301,10 @@ func tqKeyDequantize(b int, src []byte, dst []float32) {
 	d := len(dst)
 	cents := tqCentroids(d, b)
 	n := (d*b + 7) / 8
-	var kbuf [512]uint8
+	var kbuf [512]int8
 	ks := kbuf[:0]
 	if d > len(kbuf) {
-		ks = make([]uint8, d)
+		ks = make([]int8, d)
 	}
 	ks = ks[:d]
 	tqUnpack(ks, src[:n], b)
@@ -339,28 +340,26 @@ func tqValueQuantize(b int, x []float32, dst []byte) bool {
 	}
 	n := (len(x)*b + 7) / 8
 	codes := dst[:n]
-	var kbuf [512]uint8
+	var kbuf [512]int8
 	ks := kbuf[:]
 	if len(x) > len(kbuf) {
-		ks = make([]uint8, len(x))
+		ks = make([]int8, len(x))
 	}
 	ks = ks[:len(x)]
 	for i, v := range x {
 		q := float32(float32((v-lo)/scale) + 0.5)
 		// clamp(trunc(q), 0, top), and 0 for a NaN (the GPU's float-to-int
-		// conversion of it): below 1 (or NaN) 0, from top on top
-		k := uint8(0)
-		if q >= top {
-			k = uint8(top)
-		} else if q >= 1 {
-			k = uint8(q)
+		// conversion of it): a NaN (never else below 0.5) is 0, then the
+		// clamp and the truncation, with no branch on q's value
+		if !(q >= 0) {
+			q = 0
 		}
-		ks[i] = k
+		ks[i] = int8(min(q, top))
 	}
 	tqPack(codes, b, ks)
 	binary.LittleEndian.PutUint16(dst[n:], safetensors.Float32ToFP16(scale))
 	binary.LittleEndian.PutUint16(dst[n+2:], safetensors.Float32ToFP16(lo))
-	return firstNonFinite(x) >= 0
+	return abits >= 0x7f800000 // a NaN or an Inf
 }
 
 // tqValueDequantize is the read: q·scale + zero with the fp16 scale and zero.
@@ -368,23 +367,14 @@ func tqValueDequantize(b int, src []byte, dst []float32) {
 	n := (len(dst)*b + 7) / 8
 	scale := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[n:]))
 	zero := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[n+2:]))
-	var kbuf [512]uint8
+	var kbuf [512]int8
 	ks := kbuf[:]
 	if len(dst) > len(kbuf) {
-		ks = make([]uint8, len(dst))
+		ks = make([]int8, len(dst))
 	}
 	ks = ks[:len(dst)]
 	tqUnpack(ks, src[:n], b)
-	var cbuf [512]int8
-	cs := cbuf[:]
-	if len(dst) > len(cbuf) {
-		cs = make([]int8, len(dst))
-	}
-	cs = cs[:len(dst)]
-	for i, k := range ks {
-		cs[i] = int8(k)
-	}
-	dequantAsym(dst, cs, 0xff, scale, zero) // float32(float32(q)·scale) + zero: q·scale is exact, one rounding
+	dequantAsym(dst, ks, 0xff, scale, zero) // float32(float32(q)·scale) + zero: q·scale is exact, one rounding
 }
 
 // encodeTQKeyFP8 and decodeTQKeyFP8 are turboquant_k8's conversion of a

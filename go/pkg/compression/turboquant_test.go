@@ -566,14 +566,14 @@ func TestTurboQuantPackIsPut(t *testing.T) {
 	r := rand.New(rand.NewSource(3))
 	for _, b := range []int{3, 4} {
 		for _, d := range []int{8, 10, 16, 64, 128, 512, 1024} {
-			k := make([]uint8, d)
+			k := make([]int8, d)
 			for i := range k {
-				k[i] = uint8(r.Intn(1 << b))
+				k[i] = int8(r.Intn(1 << b))
 			}
 			n := (d*b + 7) / 8
 			want := make([]byte, n)
 			for i, c := range k {
-				tqPut(want, b, i, uint32(c))
+				tqPut(want, b, i, uint32(uint8(c)))
 			}
 			got := make([]byte, n)
 			for i := range got {
@@ -583,7 +583,7 @@ func TestTurboQuantPackIsPut(t *testing.T) {
 			if !slices.Equal(got, want) {
 				t.Fatalf("b=%d d=%d: tqPack %x, tqPut %x", b, d, got, want)
 			}
-			back := make([]uint8, d)
+			back := make([]int8, d)
 			tqUnpack(back, got, b)
 			for i := range back {
 				if int(back[i]) != tqGet(got, b, i) || back[i] != k[i] {
