@@ -1643,3 +1643,73 @@ e4m3_loop:
 e4m3_done:
 	VZEROUPPER
 	RET
+
+// func divAVX2(x []float32, d float32)
+// divides each element of x by d in place (IEEE: VDIVPS), len(x) a
+// multiple of 8.
+TEXT ·divAVX2(SB), NOSPLIT, $0-28
+	MOVQ         x_base+0(FP), SI
+	MOVQ         x_len+8(FP), CX
+	SHRQ         $3, CX
+	JZ           div_done
+	VBROADCASTSS d+24(FP), Y1
+
+div_loop:
+	VMOVUPS (SI), Y0
+	VDIVPS  Y1, Y0, Y0
+	VMOVUPS Y0, (SI)
+	ADDQ    $32, SI
+	DECQ    CX
+	JNZ     div_loop
+
+div_done:
+	VZEROUPPER
+	RET
+
+// func tqCodesAVX2(codes []int8, y []float32, mid []float32)
+// writes the count of mid's values <= y_i (1 to 255 of them; a NaN counts
+// none: the ordered compare is false), len(y) a multiple of 32.
+TEXT ·tqCodesAVX2(SB), NOSPLIT, $0-72
+	MOVQ    codes_base+0(FP), DI
+	MOVQ    y_base+24(FP), SI
+	MOVQ    y_len+32(FP), CX
+	MOVQ    mid_base+48(FP), R8
+	MOVQ    mid_len+56(FP), BX
+	SHRQ    $5, CX
+	JZ      tqcodes_done
+	VMOVDQU packorder<>(SB), Y5
+
+tqcodes_loop:
+	VMOVUPS 0(SI), Y10
+	VMOVUPS 32(SI), Y11
+	VMOVUPS 64(SI), Y12
+	VMOVUPS 96(SI), Y13
+	VPXOR   Y0, Y0, Y0
+	VPXOR   Y1, Y1, Y1
+	VPXOR   Y2, Y2, Y2
+	VPXOR   Y3, Y3, Y3
+	MOVQ    R8, R9
+	MOVQ    BX, DX
+
+tqcodes_mid:
+	VBROADCASTSS (R9), Y9
+	VCMPPS       $0x1d, Y9, Y10, Y8 // y >= mid
+	VPSUBD       Y8, Y0, Y0
+	VCMPPS       $0x1d, Y9, Y11, Y8
+	VPSUBD       Y8, Y1, Y1
+	VCMPPS       $0x1d, Y9, Y12, Y8
+	VPSUBD       Y8, Y2, Y2
+	VCMPPS       $0x1d, Y9, Y13, Y8
+	VPSUBD       Y8, Y3, Y3
+	ADDQ         $4, R9
+	DECQ         DX
+	JNZ          tqcodes_mid
+	packCodes32(VPACKUSWB)
+	ADDQ $128, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ  tqcodes_loop
+
+tqcodes_done:
+	VZEROUPPER
+	RET

@@ -59,3 +59,5 @@ func nvfp4CodesAVX2(*[nvfp4Block / 2]byte, *[nvfp4Block]float32, float32) uint32
 func nvfp4DecAVX2(*[nvfp4Block]float32, *[nvfp4Block / 2]byte, float32, float32) { noSIMD() }
 func kvfp4CodesAVX2(*[kvfp4Block / 2]byte, *[kvfp4Block]float32, float32)        { noSIMD() }
 func e4m3EncodeAVX2([]uint8, []float32, float32)                                 { noSIMD() }
+func divAVX2([]float32, float32)                                                 { noSIMD() }
+func tqCodesAVX2([]int8, []float32, []float32)                                   { noSIMD() }

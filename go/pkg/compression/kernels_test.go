@@ -295,6 +295,25 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"turboquant": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, d := range []int{16, 32, 64, 128} {
+				for i := 0; i+d <= len(x); i += d {
+					for _, b := range []int{3, 4} {
+						blk := make([]byte, (d*b+7)/8+2)
+						nf := tqKeyQuantize(b, x[i:i+d], blk)
+						y := make([]float32, d)
+						tqKeyDequantize(b, blk, y)
+						s += fmt.Sprint(nf, blk) + bitsOf(y)
+						vb := make([]byte, (d*b+7)/8+4)
+						nf = tqValueQuantize(b, x[i:i+d], vb)
+						tqValueDequantize(b, vb, y)
+						s += fmt.Sprint(nf, vb) + bitsOf(y)
+					}
+				}
+			}
+			return s
+		},
 		"e4m3": func(x []float32, r *rand.Rand) string {
 			var s string
 			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1))} {

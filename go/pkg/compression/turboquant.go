@@ -198,8 +198,13 @@ func tqKeyQuantize(b int, x []float32, dst []byte) bool {
 	}
 	norm := float32(math.Sqrt(float64(ss))) // correctly rounded (a float64 root rounds to the float32 one)
 	den := norm + 1e-8
-	for _, v := range x {
-		y = append(y, v/den)
+	y = append(y, x...)
+	n := simdLen(d)
+	if n > 0 {
+		divAVX2(y[:n], den) // IEEE division, 8 at a time
+	}
+	for i := n; i < d; i++ {
+		y[i] /= den
 	}
 	tqRotate(y)
 	mid := tqCentroidTables[[2]int{d, b}].mids
@@ -210,7 +215,15 @@ func tqKeyQuantize(b int, x []float32, dst []byte) bool {
 		ks = make([]int8, d)
 	}
 	ks = ks[:d]
-	for i, v := range y {
+	m := 0
+	if useSIMD {
+		m = d &^ 31
+		if m > 0 {
+			tqCodesAVX2(ks[:m], y[:m], mid) // the count of midpoints <= v, 8 values a compare
+		}
+	}
+	for i, v := range y[m:] {
+		i += m
 		// the count of midpoints <= v (a NaN counts none): they are sorted
 		// and 2^b - 1, so a binary search finds it, each step a conditional
 		// move (a branch on v would be mispredicted half the time)
@@ -316,9 +329,8 @@ func tqKeyDequantize(b int, src []byte, dst []float32) {
 	}
 	inv := 1 / float32(math.Sqrt(float64(ss+1e-16)))
 	norm := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[n:]))
-	for i, c := range dst {
-		dst[i] = norm * float32(c*inv)
-	}
+	scale(dst, inv)  // c·inv
+	scale(dst, norm) // norm·(c·inv)
 	tqRotate(dst)
 }
 
