@@ -259,7 +259,7 @@ func TestWireDecodeKernelsAgree(t *testing.T) {
 	if !haveSIMD {
 		t.Skip("no assembly kernels here")
 	}
-	defer func() { useSIMD = haveSIMD }()
+	defer func() { useSIMD, useWireAVX512 = haveSIMD, haveWireAVX512 }()
 	r := rand.New(rand.NewSource(8))
 	// token-axis rows of 64 and of 40 channels (not whole groups of 16),
 	// channel-axis rows of 300 tokens, and a part small enough for 4 states
@@ -281,7 +281,14 @@ func TestWireDecodeKernelsAgree(t *testing.T) {
 		if m.states != want {
 			t.Fatalf("%d codes: %d states, want %d", w.n, m.states, want)
 		}
+		// the assembly with AVX-512 where there is, without it (the 4-state
+		// groups with the states in memory), and Go
+		useSIMD, useWireAVX512 = true, haveWireAVX512
 		stream := m.encodeChunk(nil, syms, w, 0, nil)
+		useWireAVX512 = false
+		if s2 := m.encodeChunk(nil, syms, w, 0, nil); !bytes.Equal(stream, s2) {
+			t.Fatalf("bits %d %+v: the assembly encoders with and without AVX-512 differ", bits, w)
+		}
 		useSIMD = false
 		if goStream := m.encodeChunk(nil, syms, w, 0, nil); !bytes.Equal(stream, goStream) {
 			t.Fatalf("bits %d %+v: the assembly and Go encoders differ", bits, w)
@@ -296,15 +303,17 @@ func TestWireDecodeKernelsAgree(t *testing.T) {
 					bad[r.Intn(len(bad))] ^= byte(1 + r.Intn(255))
 				}
 			}
-			var got [2][]uint8
-			var errs [2]error
-			for v, simd := range []bool{true, false} {
-				useSIMD = simd
+			var got [3][]uint8
+			var errs [3]error
+			for v, simd := range [][2]bool{{true, haveWireAVX512}, {true, false}, {false, false}} {
+				useSIMD, useWireAVX512 = simd[0], simd[1]
 				got[v] = make([]uint8, w.n)
 				errs[v] = m.decodeChunk(got[v], bad, w, 0)
 			}
-			if fmt.Sprint(errs[0]) != fmt.Sprint(errs[1]) || !bytes.Equal(got[0], got[1]) {
-				t.Fatalf("bits %d trial %d: assembly %v, Go %v", bits, trial, errs[0], errs[1])
+			for v := 1; v < 3; v++ {
+				if fmt.Sprint(errs[0]) != fmt.Sprint(errs[v]) || !bytes.Equal(got[0], got[v]) {
+					t.Fatalf("bits %d trial %d: assembly %v, variant %d %v", bits, trial, errs[0], v, errs[v])
+				}
 			}
 			if trial == 0 && (errs[0] != nil || !bytes.Equal(got[0], syms)) {
 				t.Fatalf("bits %d: %v", bits, errs[0])
@@ -793,6 +802,54 @@ func TestWireUnpack(t *testing.T) {
 				wireUnpack(got, packed, lo, bits)
 				if !bytes.Equal(got, syms[lo:]) {
 					t.Fatalf("bits %d n %d lo %d: unpacked differently", bits, n, lo)
+				}
+			}
+		}
+	}
+}
+
+// Whole files through the three coder paths on this machine (the AVX-512
+// kernels, the assembly without them, the Go loops): the same bytes
+// written, the same reconstruction read, each path reading the others'.
+func TestWirePathsAgree(t *testing.T) {
+	defer func() { useSIMD, useWireAVX512 = haveSIMD, haveWireAVX512 }()
+	src := wireCache(17, safetensors.BF16, 1, 3, 400, 64) // 76,800 codes a tensor: 32 states
+	paths := [][2]bool{{haveSIMD, haveWireAVX512}, {haveSIMD, false}, {false, false}}
+	for _, name := range []string{"int4", "kivi2", "rot3", "lm2rot", "k=asym3/g8/channel/res2,v=sym5/g32"} {
+		spec, err := ParseSpec(name + WireSuffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var files [][]byte
+		for _, p := range paths {
+			useSIMD, useWireAVX512 = p[0], p[1]
+			res, err := Compress(src, Config{Spec: spec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, c0(res.Compressed))
+		}
+		for i := 1; i < len(files); i++ {
+			if !bytes.Equal(files[0], files[i]) {
+				t.Fatalf("%s: path %v writes other bytes than %v", name, paths[i], paths[0])
+			}
+		}
+		var want [][]byte
+		for i, p := range paths {
+			useSIMD, useWireAVX512 = p[0], p[1]
+			f, err := safetensors.Parse(files[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, _, err := Decompress(f, 2)
+			if err != nil {
+				t.Fatalf("%s: path %v: %v", name, p, err)
+			}
+			for k, tn := range back.Tensors {
+				if i == 0 {
+					want = append(want, tn.Data)
+				} else if !bytes.Equal(tn.Data, want[k]) {
+					t.Fatalf("%s: path %v reads %s differently", name, p, tn.Name)
 				}
 			}
 		}

@@ -34,7 +34,7 @@ func (m *wireModel) encodeWide(out []byte, syms []uint8, runs []wireRun, scratch
 		st[j] = wireL
 	}
 	mask := S - 1
-	kernel := S == wireWideStates && useSIMD && haveWireAVX512
+	kernel := S == wireWideStates && useSIMD && useWireAVX512
 	A := 1 << bits
 	for r := len(runs) - 1; r >= 0; r-- {
 		run := runs[r]
@@ -109,7 +109,7 @@ func wireEncOne(x uint32, e *wireEnc, buf []byte, wp int) (uint32, int) {
 // symbol s (bits 0-7), its frequency less one (8-19) and l - start(s)
 // (20-31), so that x becomes (x >> prec) * freq + (l - start).
 func (m *wireModel) decodeEntries(buf []uint32) []uint32 {
-	if m.states != wireWideStates || !useSIMD || !haveWireAVX512 {
+	if m.states != wireWideStates || !useSIMD || !useWireAVX512 {
 		return nil
 	}
 	A, M := m.alphabet(), 1<<m.prec
@@ -150,7 +150,7 @@ func (m *wireModel) decodeWide(sym []uint8, ent []uint32, dst []uint8, src []byt
 	smask := S - 1
 	n := len(dst)
 	it := w.runIter(m.mode, lo, lo+n)
-	kernel := S == wireWideStates && useSIMD && haveWireAVX512 && ent != nil
+	kernel := S == wireWideStates && useSIMD && useWireAVX512 && ent != nil
 	// rows: the token-axis contexts of modes 2 and 3 repeat every head_dim
 	// positions within a head, which the kernel takes many rows at a time.
 	rows := kernel && w.fourD && !w.channel && m.mode >= 2 && w.d%16 == 0 && w.d > 0 && w.perHeadRun > 0
@@ -297,3 +297,8 @@ type wireEncWideArgs struct {
 	j      int
 	jmask  int
 }
+
+// useWireAVX512 selects the AVX-512 coder kernels (wireDecode32,
+// wireEncode32) where the CPU has them; tests switch it off to run the
+// AVX2-era assembly and Go loops on the same machine.
+var useWireAVX512 = haveWireAVX512
