@@ -314,6 +314,32 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"iq4nl": func(x []float32, r *rand.Rand) string {
+			var s string
+			for i := 0; i+GGMLBlock <= len(x); i += GGMLBlock {
+				blk := make([]byte, 18)
+				nf := llamaQuantizeIQ4NL(x[i:i+GGMLBlock], blk)
+				s += fmt.Sprint(nf, blk)
+			}
+			for _, m := range iq4nlMids { // each id·v on, just below and just above a midpoint
+				for _, v := range []float32{m, math.Nextafter32(m, -200), math.Nextafter32(m, 200)} {
+					y := make([]float32, GGMLBlock)
+					for j := range y {
+						y[j] = v
+					}
+					var c [GGMLBlock]int8
+					if useSIMD {
+						tqCodesAVX2(c[:], y, iq4nlMids[:])
+					} else {
+						for j := range c {
+							c[j] = int8(bestIndexIQ4NL(y[j]))
+						}
+					}
+					s += fmt.Sprint(c)
+				}
+			}
+			return s
+		},
 		"e4m3": func(x []float32, r *rand.Rand) string {
 			var s string
 			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1))} {

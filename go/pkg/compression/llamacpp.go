@@ -427,6 +427,15 @@ func bestIndexIQ4NL(x float32) int {
 	return int(iq4nlIndex[int(t)-1])
 }
 
+// iq4nlMids are the 15 midpoints (v[k] + v[k+1])/2 of the codebook (exact
+// in float32: multiples of 1/2).
+var iq4nlMids = func() (m [15]float32) {
+	for k := range m {
+		m[k] = float32(int(kvaluesIQ4NL[k])+int(kvaluesIQ4NL[k+1])) / 2
+	}
+	return m
+}()
+
 // iq4nlIndex[k+255] is the number of iq4_nl midpoints m with 2m <= k.
 var iq4nlIndex = func() (t [482]uint8) {
 	for k := range t {
@@ -476,9 +485,14 @@ func bestIndexIQ4NLC(x float32) int {
 func llamaQuantizeIQ4NL(x []float32, dst []byte) bool {
 	x = x[:GGMLBlock]
 	var amax, mx float32
-	for _, v := range x {
-		if a := math.Float32frombits(math.Float32bits(v) &^ (1 << 31)); a > amax {
-			amax, mx = a, v
+	imax, abits := argAbsMax32(x) // the first largest |x|: the loop's for finite x, where bits order as values
+	if abits < 0x7f800000 {
+		amax, mx = math.Float32frombits(abits), x[imax]
+	} else {
+		for _, v := range x {
+			if a := math.Float32frombits(math.Float32bits(v) &^ (1 << 31)); a > amax {
+				amax, mx = a, v
+			}
 		}
 	}
 	var q [GGMLBlock]uint8
@@ -489,8 +503,21 @@ func llamaQuantizeIQ4NL(x []float32, dst []byte) bool {
 		}
 	} else {
 		id := 1 / (mx / float32(kvaluesIQ4NL[0]))
-		for j, v := range x {
-			q[j] = uint8(bestIndexIQ4NL(float32(id * v)))
+		if useSIMD && abits < 0x7f800000 {
+			// all finite, so is each id·v: its index is the count of the
+			// midpoints <= it (bestIndexIQ4NL), 8 a compare
+			var y [GGMLBlock]float32
+			copy(y[:], x)
+			scale(y[:], id)
+			var c [GGMLBlock]int8
+			tqCodesAVX2(c[:], y[:], iq4nlMids[:])
+			for j, k := range c {
+				q[j] = uint8(k)
+			}
+		} else {
+			for j, v := range x {
+				q[j] = uint8(bestIndexIQ4NL(float32(id * v)))
+			}
 		}
 		var sumqx, sumq2 float32
 		for j, v := range x {
@@ -508,7 +535,7 @@ func llamaQuantizeIQ4NL(x []float32, dst []byte) bool {
 	for j := 0; j < 16; j++ {
 		dst[2+j] = q[j] | q[j+16]<<4
 	}
-	return absMaxBits(x) >= 0x7f800000
+	return abits >= 0x7f800000
 }
 
 // llamaDequantizeIQ4NL is dequantize_row_iq4_nl (ggml-quants.c:2725-2741):
