@@ -138,3 +138,9 @@ func divAVX2(x []float32, d float32)
 
 //go:noescape
 func tqCodesAVX2(codes []int8, y []float32, mid []float32)
+
+// int4CodesAVX2 is int4_per_token_head's codes of a rotated head vector
+// (vllmNibble of the float64 product and sum), two a byte.
+//
+//go:noescape
+func int4CodesAVX2(codes []byte, y []float32, inv, zp float32)

@@ -1713,3 +1713,63 @@ tqcodes_mid:
 tqcodes_done:
 	VZEROUPPER
 	RET
+
+splat(half32, $0x3f0000003f000000)
+
+splat(fifteen32, $0x4170000041700000)
+
+// int4Code8 is vllmNibble(float32(float64(y)·inv + zp)) for the 8 values
+// at OFF(SI), into R (int32): the float64 product of two float32s is
+// exact, the sum rounds once, the conversion to float32 once more, as the
+// Go code's. Y10 inv, Y11 zp (float64 each), Y12 zero, Y13 0.5, Y14 15;
+// Y8, Y9 clobbered.
+#define int4Code8(OFF, R) \
+	VCVTPS2PD     OFF(SI), Y8 \
+	VCVTPS2PD     OFF+16(SI), Y9 \
+	VMULPD        Y10, Y8, Y8 \
+	VMULPD        Y10, Y9, Y9 \
+	VADDPD        Y11, Y8, Y8 \
+	VADDPD        Y11, Y9, Y9 \
+	VCVTPD2PSY    Y8, X8 \
+	VCVTPD2PSY    Y9, X9 \
+	VINSERTF128   $1, X9, Y8, Y8 \
+	VCMPPS        $0x1d, Y12, Y8, Y9 \
+	VADDPS        Y13, Y8, R \
+	VMINPS        Y14, R, R \
+	VCVTTPS2DQ    R, R \
+	VPAND         Y9, R, R
+
+// func int4CodesAVX2(codes []byte, y []float32, inv, zp float32)
+// writes vllmNibble(float32(float64(y_i)·inv + zp)) two a byte, element
+// 2i low; len(y) a multiple of 8.
+TEXT ·int4CodesAVX2(SB), NOSPLIT, $0-56
+	MOVQ         codes_base+0(FP), DI
+	MOVQ         y_base+24(FP), SI
+	MOVQ         y_len+32(FP), CX
+	SHRQ         $3, CX
+	JZ           int4codes_done
+	VBROADCASTSS inv+48(FP), X10
+	VCVTPS2PD    X10, Y10
+	VBROADCASTSS zp+52(FP), X11
+	VCVTPS2PD    X11, Y11
+	VXORPS       Y12, Y12, Y12
+	VMOVUPS      half32<>(SB), Y13
+	VMOVUPS      fifteen32<>(SB), Y14
+	VMOVDQU      nvfp4pick<>(SB), Y15
+
+int4codes_loop:
+	int4Code8(0, Y0)
+	VPSRLQ       $28, Y0, Y1 // the odd code of each pair 4 bits up into the even one's dword
+	VPOR         Y1, Y0, Y0
+	VPSHUFB      Y15, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPUNPCKLWD   X1, X0, X0
+	VMOVD        X0, (DI)
+	ADDQ         $32, SI
+	ADDQ         $4, DI
+	DECQ         CX
+	JNZ          int4codes_loop
+
+int4codes_done:
+	VZEROUPPER
+	RET

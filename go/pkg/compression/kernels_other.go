@@ -61,3 +61,4 @@ func kvfp4CodesAVX2(*[kvfp4Block / 2]byte, *[kvfp4Block]float32, float32)       
 func e4m3EncodeAVX2([]uint8, []float32, float32)                                 { noSIMD() }
 func divAVX2([]float32, float32)                                                 { noSIMD() }
 func tqCodesAVX2([]int8, []float32, []float32)                                   { noSIMD() }
+func int4CodesAVX2([]byte, []float32, float32, float32)                          { noSIMD() }

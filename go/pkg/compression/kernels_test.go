@@ -340,6 +340,21 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s
 		},
+		"int4": func(x []float32, r *rand.Rand) string {
+			var s string
+			for _, d := range []int{8, 16, 64, 128} {
+				for i := 0; i+d <= len(x); i += d {
+					for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16} {
+						blk := make([]byte, d/2+4)
+						nf := vllmInt4Quantize(x[i:i+d], blk, dt)
+						y := make([]float32, d)
+						vllmInt4Dequantize(blk, y)
+						s += fmt.Sprint(nf, blk) + bitsOf(y)
+					}
+				}
+			}
+			return s
+		},
 		"e4m3": func(x []float32, r *rand.Rand) string {
 			var s string
 			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1))} {
@@ -438,7 +453,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "mx" && name != "e4m3" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "mx" && name != "e4m3" && name != "int4" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs
