@@ -144,3 +144,16 @@ func tqCodesAVX2(codes []int8, y []float32, mid []float32)
 //
 //go:noescape
 func int4CodesAVX2(codes []byte, y []float32, inv, zp float32)
+
+// xorBitsAVX2 and scaleXorBitsAVX2 are the RHT's signs (vllmRHT), XORed
+// in before and after the butterfly; minMaxNumAVX2 is the least and the
+// largest non-NaN value.
+//
+//go:noescape
+func xorBitsAVX2(x []float32, m []uint32)
+
+//go:noescape
+func scaleXorBitsAVX2(x []float32, m []uint32, c float32)
+
+//go:noescape
+func minMaxNumAVX2(x []float32) (lo, hi float32)

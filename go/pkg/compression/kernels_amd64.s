@@ -1773,3 +1773,88 @@ int4codes_loop:
 int4codes_done:
 	VZEROUPPER
 	RET
+
+// func xorBitsAVX2(x []float32, m []uint32)
+// XORs m into the bits of x (len(x) a multiple of 8, len(m) >= len(x)).
+TEXT ·xorBitsAVX2(SB), NOSPLIT, $0-48
+	MOVQ x_base+0(FP), SI
+	MOVQ x_len+8(FP), CX
+	MOVQ m_base+24(FP), DX
+	SHRQ $3, CX
+	JZ   xorbits_done
+
+xorbits_loop:
+	VMOVUPS (SI), Y0
+	VXORPS  (DX), Y0, Y0
+	VMOVUPS Y0, (SI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	DECQ    CX
+	JNZ     xorbits_loop
+
+xorbits_done:
+	VZEROUPPER
+	RET
+
+// func scaleXorBitsAVX2(x []float32, m []uint32, c float32)
+// sets x_i to the bits of x_i·c XOR m_i (len(x) a multiple of 8).
+TEXT ·scaleXorBitsAVX2(SB), NOSPLIT, $0-52
+	MOVQ         x_base+0(FP), SI
+	MOVQ         x_len+8(FP), CX
+	MOVQ         m_base+24(FP), DX
+	VBROADCASTSS c+48(FP), Y1
+	SHRQ         $3, CX
+	JZ           scalexor_done
+
+scalexor_loop:
+	VMULPS  (SI), Y1, Y0
+	VXORPS  (DX), Y0, Y0
+	VMOVUPS Y0, (SI)
+	ADDQ    $32, SI
+	ADDQ    $32, DX
+	DECQ    CX
+	JNZ     scalexor_loop
+
+scalexor_done:
+	VZEROUPPER
+	RET
+
+splat(neginf32, $0xff800000ff800000)
+
+// func minMaxNumAVX2(x []float32) (lo, hi float32)
+// is the least and the largest of x's non-NaN values (+Inf and -Inf for
+// none; of two zeros either may be kept), len(x) a multiple of 8. VMINPS
+// and VMAXPS return the second source when the first is a NaN.
+TEXT ·minMaxNumAVX2(SB), NOSPLIT, $0-32
+	MOVQ    x_base+0(FP), SI
+	MOVQ    x_len+8(FP), CX
+	VMOVUPS inf32<>(SB), Y0
+	VMOVUPS neginf32<>(SB), Y1
+	SHRQ    $3, CX
+	JZ      minmaxnum_fold
+
+minmaxnum_loop:
+	VMOVUPS (SI), Y2
+	VMINPS  Y0, Y2, Y0
+	VMAXPS  Y1, Y2, Y1
+	ADDQ    $32, SI
+	DECQ    CX
+	JNZ     minmaxnum_loop
+
+minmaxnum_fold:
+	VEXTRACTF128 $1, Y0, X2
+	VMINPS       X2, X0, X0
+	VPERMILPS    $0x4e, X0, X2
+	VMINPS       X2, X0, X0
+	VPERMILPS    $0xb1, X0, X2
+	VMINPS       X2, X0, X0
+	VEXTRACTF128 $1, Y1, X2
+	VMAXPS       X2, X1, X1
+	VPERMILPS    $0x4e, X1, X2
+	VMAXPS       X2, X1, X1
+	VPERMILPS    $0xb1, X1, X2
+	VMAXPS       X2, X1, X1
+	VMOVSS       X0, lo+24(FP)
+	VMOVSS       X1, hi+28(FP)
+	VZEROUPPER
+	RET

@@ -62,3 +62,6 @@ func e4m3EncodeAVX2([]uint8, []float32, float32)                                
 func divAVX2([]float32, float32)                                                 { noSIMD() }
 func tqCodesAVX2([]int8, []float32, []float32)                                   { noSIMD() }
 func int4CodesAVX2([]byte, []float32, float32, float32)                          { noSIMD() }
+func xorBitsAVX2([]float32, []uint32)                                            { noSIMD() }
+func scaleXorBitsAVX2([]float32, []uint32, float32)                              { noSIMD() }
+func minMaxNumAVX2([]float32) (float32, float32)                                 { noSIMD(); return 0, 0 }

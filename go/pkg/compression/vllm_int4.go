@@ -108,16 +108,23 @@ func vllmRHT(x []float32, inverse bool) {
 	signs := vllmSignMasksOf(b) // a negation is the sign bit flipped, NaN included
 	for lo := 0; lo < d; lo += b {
 		blk := x[lo : lo+b]
+		n := simdLen(b) // the AVX2 kernels' share, 8 at a time
 		if !inverse {
-			for i, m := range signs {
-				blk[i] = math.Float32frombits(math.Float32bits(blk[i]) ^ m)
+			if n > 0 {
+				xorBitsAVX2(blk[:n], signs[:n])
+			}
+			for i, m := range signs[n:] {
+				blk[n+i] = math.Float32frombits(math.Float32bits(blk[n+i]) ^ m)
 			}
 		}
 		sylvesterButterfly(blk)
 		if inverse {
 			inv := float32(1) / float32(b) // a power of two: exact
-			for i, m := range signs {
-				blk[i] = math.Float32frombits(math.Float32bits(blk[i]*inv) ^ m)
+			if n > 0 {
+				scaleXorBitsAVX2(blk[:n], signs[:n], inv)
+			}
+			for i, m := range signs[n:] {
+				blk[n+i] = math.Float32frombits(math.Float32bits(blk[n+i]*inv) ^ m)
 			}
 		}
 	}
@@ -179,7 +186,15 @@ func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 		top |= math.Float32bits(v)&0x7f800000 + 0x00800000
 	}
 	nonFinite := top>>31 != 0
-	for _, v := range y {
+	m := 0
+	if n := simdLen(d); n > 0 {
+		// the same least and largest but for the sign of a zero, which the
+		// scale and zero point below do not see ((hi - lo)/15 of zeros is a
+		// zero, floored at 1e-6; -lo/scale of a zero rounds to code 0)
+		lo, hi = minMaxNumAVX2(y[:n])
+		m = n
+	}
+	for _, v := range y[m:] {
 		if v < lo { // tl.min and tl.max skip a NaN, as these comparisons do
 			lo = v
 		}
