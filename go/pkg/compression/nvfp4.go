@@ -155,6 +155,14 @@ func nvfp4Code(v float32) uint8 {
 	return e2m1RNE(float64(v))
 }
 
+// e2m1Signed is e2m1Value of each code.
+var e2m1Signed = func() (t [16]float32) {
+	for c := range t {
+		t[c] = e2m1Value(uint8(c))
+	}
+	return t
+}()
+
 // e2m1Value is the signed value of an E2M1 code.
 func e2m1Value(c uint8) float32 {
 	v := e2m1Values[c&7]
@@ -188,6 +196,19 @@ func fourSixError(x []float32, os float32) float32 {
 		dq = rcpApproxFTZ(os)
 	}
 	var sum float32
+	if useSIMD && os != 0 && absMaxBits(x[:nvfp4Block]) < 0x7f800000 {
+		// finite x·os is never NaN, so nvfp4Code is e2m1RNE: its codes from
+		// the kernel, their values from a table
+		var c [nvfp4Block / 2]byte
+		nvfp4CodesAVX2(&c, (*[nvfp4Block]float32)(x[:nvfp4Block]), os)
+		for i := 0; i < nvfp4Block; i += 2 {
+			a, b := x[i], x[i+1]
+			da := fma32(e2m1Signed[c[i/2]&15], dq, -a)
+			db := fma32(e2m1Signed[c[i/2]>>4], dq, -b)
+			sum = float32(sum + fma32(da, da, float32(db*db)))
+		}
+		return sum
+	}
 	for i := 0; i < nvfp4Block; i += 2 {
 		a, b := x[i], x[i+1]
 		var e float32
