@@ -502,6 +502,9 @@ func TestFMA32FastPath(t *testing.T) {
 		if got, want := fma32(a, b, c), fma32Slow(p, cc, p+cc); math.Float32bits(got) != math.Float32bits(want) && got == got {
 			t.Fatalf("fma32(%g, %g, %g) = %g, want %g", a, b, c, got, want)
 		}
+		if got, ok := fma32Fast(a, b, c); ok && math.Float32bits(got) != math.Float32bits(fma32(a, b, c)) && got == got {
+			t.Fatalf("fma32Fast(%g, %g, %g) = %g, want %g", a, b, c, got, fma32(a, b, c))
+		}
 	}
 	for i := 0; i < 2e6; i++ {
 		check(math.Float32frombits(r.Uint32()), math.Float32frombits(r.Uint32()), math.Float32frombits(r.Uint32()))
