@@ -60,6 +60,9 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 	if !w.fourD || w.contexts(3) > wireMaxCtx || w.contexts(3) < 1 {
 		full = 0
 	}
+	if w.bytes && full > 1 {
+		full = 1 // bytes: a table per head at most (finer tables of 256 symbols did not pay off, and cost the search)
+	}
 	nfull := w.contexts(full)
 	counts := make([]uint32, nfull*A)
 	if syms == nil {
@@ -83,17 +86,23 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 	}
 	var best *wireModel
 	bestBits := math.Inf(1)
-	// The finest mode first: it is most often the smallest, and a mode
-	// whose ideal code (the counts' entropy, which no table reaches) is no
-	// smaller than the best so far is not tried at any resolution.
+	// The finest mode first where the alphabet is small (it is then most
+	// often the smallest), the coarsest first for bytes (whose fine tables
+	// are large); a mode whose ideal code (the counts' entropy, which no
+	// table reaches) and tables at their smallest (a bit an entry) come to
+	// no less than the best so far is not tried at any resolution.
 	for mi := 0; mi <= full; mi++ {
 		mode := (full + mi) % (full + 1)
+		if A > 16 {
+			mode = mi
+		}
 		nctx := w.contexts(mode)
 		prec := wirePrecision(w.bits) // lowered where the tables would outgrow the tensor
-		if w.n >= wireWideMin && prec > w.bits {
+		if w.n >= wireWideMin && prec > w.bits && w.bits < 8 {
 			// one bit less for the 32-state coder, whose decoder reads a
 			// 4-byte entry a slot: half the table to fill and keep in cache
-			// for under 0.1 % more bytes on the benchmark cache
+			// for under 0.1 % more bytes on the benchmark cache (not for
+			// bytes, whose 256 symbols need the resolution)
 			prec--
 		}
 		for prec > w.bits && nctx<<prec > max(w.n, wireTableAllowance) {
@@ -133,7 +142,7 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 				}
 			}
 		}
-		if entropy >= bestBits {
+		if entropy+float64(nctx*A) >= bestBits {
 			continue
 		}
 		for _, res := range []int{1, 2, 4, 8} {
@@ -173,8 +182,37 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 			}
 		}
 	}
+	best.cost = bestBits
 	best.buildEncode()
 	return best
+}
+
+// wireByteShape is the shape of the packed bytes of codes of shape w coded
+// as 8-bit symbols (version 2): where w's rows (head_dim channels along
+// tokens, tokens along channels) are whole bytes, rows of bytes with
+// contexts as w's, else one context.
+func wireByteShape(w wireShape) wireShape {
+	b := wireShape{n: w.rawBytes, bits: 8, rawBytes: w.rawBytes, bytes: true}
+	if !w.fourD || w.bits >= 8 || 8%w.bits != 0 || w.h < 1 || w.d < 1 || w.tq < 1 {
+		return b
+	}
+	k := 8 / w.bits
+	switch {
+	case w.n%k != 0 || w.rawBytes != w.n/k:
+	case w.channel && w.tq%k == 0:
+		b.fourD, b.channel, b.h, b.d, b.tq = true, true, w.h, w.d, w.tq/k
+	case !w.channel && w.d%k == 0:
+		b.fourD, b.h, b.d, b.tq = true, w.h, w.d/k, w.tq
+	}
+	b.perHeadRun = b.tq * b.d
+	return b
+}
+
+// wireEstimate is about the size a part of shape w codes to with model m:
+// its codes' bits and tables, its states and offsets.
+func wireEstimate(m *wireModel, w wireShape) float64 {
+	chunks := (w.n-1)>>m.chunkLog + 1
+	return m.cost/8 + float64(chunks*(4*m.states+8)+wireHeaderSize)
 }
 
 // wirePackedCounts reports whether wireCountPacked counts the codes of
@@ -276,6 +314,7 @@ type wirePart struct {
 	// codes: both per part, in parallel.
 	modelBytes []byte
 	huffman    int
+	bytes      bool // codes coded as their packed bytes (wireByteShape)
 }
 
 // wireStored codes the stored parts of every tensor: the codes of the
@@ -319,6 +358,18 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 				wireUnpack(syms, p.raw, 0, p.shape.bits)
 			}
 			p.model = buildWireModelRaw(syms, p.raw, p.shape)
+			// Where the contexts would not clearly beat the Huffman stage on
+			// the bytes (pairs of 4-bit codes, runs of 2-bit ones, neighbours
+			// along tokens in a channel-axis row), the packed bytes as 8-bit
+			// symbols, one table: about Huffman's size, at the rANS
+			// decoder's speed; kept below only where the Huffman stage's
+			// actual output is larger.
+			if est := wireEstimate(p.model, p.shape); est > 0.98*float64(p.huffman) && p.shape.bits < 8 {
+				bs := wireByteShape(p.shape)
+				if bm := buildWireModel(p.raw, bs); wireEstimate(bm, bs) < est {
+					p.model, p.shape, p.syms, p.bytes = bm, bs, p.raw, true
+				}
+			}
 		} else {
 			p.syms = make([]uint8, p.shape.n)
 			wireSplitF16(p.syms, p.raw)
@@ -371,7 +422,7 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 		p.syms = nil
 		switch {
 		case !ok || size >= len(p.raw):
-		case p.suffix != CodesSuffix:
+		case p.suffix != CodesSuffix || p.bytes:
 			f16 = append(f16, p) // against the Huffman coder's actual size, below
 		case size < p.huffman:
 			// The Huffman stage codes bytes: pairs of 4-bit codes, runs of 2-bit
@@ -398,8 +449,9 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 			wired[i] = []string{CodesSuffix}
 		}
 	}
-	// A scales or zeros part: wire-coded where that beats the part as the
-	// lossless stage left it (Huffman-coded with its offsets, or raw).
+	// A scales or zeros part, or codes coded as bytes: wire-coded where that
+	// beats the part as the lossless stage left it (Huffman-coded with its
+	// offsets, or raw).
 	for _, p := range f16 {
 		i, name := p.index, names[p.index]+p.suffix
 		huffman := 0
@@ -408,7 +460,9 @@ func wireStored(names []string, layouts []*layout, stored [][]safetensors.Tensor
 				huffman += len(t.Data)
 			}
 		}
-		if p.wireSize() >= huffman {
+		// codes as bytes: kept up to 0.5 % over the Huffman stage's bytes,
+		// which decode at a fraction of the rANS decoder's speed
+		if size := float64(p.wireSize()); size >= float64(huffman) && !p.bytes || size > 1.005*float64(huffman) {
 			continue
 		}
 		kept := out[i][:0:0]
@@ -527,6 +581,9 @@ func wireInflate(f *safetensors.File, infos []TensorInfo, workers int) (*safeten
 			ct, ot, mt := f.Tensor(name), f.Tensor(name+ChunksSuffix), f.Tensor(name+WireModelSuffix)
 			if ct == nil || ot == nil || mt == nil || ct.DType != safetensors.U8 || ot.DType != safetensors.U64 || mt.DType != safetensors.U8 {
 				return nil, tensorErrorf(ti.Name, "%w: want %s (U8), %s%s (U64) and %s%s (U8)", ErrWire, suffix, suffix, ChunksSuffix, suffix, WireModelSuffix)
+			}
+			if suffix == CodesSuffix && w.bits < 8 && len(mt.Data) > 1 && mt.Data[0] >= 2 && mt.Data[1] == 8 {
+				w = wireByteShape(w) // the packed bytes as symbols
 			}
 			m, err := parseWireModel(mt.Data, w.bits, w.contexts, w.n)
 			if err != nil {

@@ -24,7 +24,9 @@ import (
 // A model (NAME.codes.wire) is
 //
 //	byte 0     model version (2; version 1 is read too)
-//	byte 1     bits: the code width b, alphabet A = 2^b (1..8)
+//	byte 1     bits: the code width b, alphabet A = 2^b (1..8); in version 2
+//	           a codes part of narrower codes may have 8: its packed bytes
+//	           are the symbols (wireByteShape: one context)
 //	byte 2     mode: 0 one context, 1 per head, 2 per channel (position in
 //	           head_dim), 3 per (head, channel)
 //	byte 3     precision P: frequencies sum to M = 2^P (b <= P <= min(12, b+8))
@@ -86,6 +88,7 @@ type wireModel struct {
 	nctx                                 int
 	states                               int // interleaved states a chunk (4 in version 1)
 	version                              byte
+	cost                                 float64   // buildWireModel's: the codes' bits and the tables'
 	levels                               []uint8   // nctx*A
 	fs                                   []uint32  // nctx*A: freq | start<<16
 	enc                                  []wireEnc // nctx*A: the encode table, built by buildEncode
@@ -427,8 +430,9 @@ type wireShape struct {
 	h, d, tq   int
 	n          int // codes
 	bits       int
-	rawBytes   int // PackedLen(n, bits)
-	perHeadRun int // tq*d
+	rawBytes   int  // PackedLen(n, bits)
+	perHeadRun int  // tq*d
+	bytes      bool // wireByteShape's: packed bytes as symbols
 }
 
 func (w wireShape) contexts(mode int) int {

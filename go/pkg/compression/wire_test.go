@@ -855,3 +855,41 @@ func TestWirePathsAgree(t *testing.T) {
 		}
 	}
 }
+
+// Channel-axis 2- and 4-bit key codes (kivi's), whose neighbours along
+// tokens share a byte, go as their packed bytes (a model of 8-bit symbols):
+// the same reconstruction on every path, and a model that claims bytes
+// where the stream is not is refused in one line.
+func TestWireCodesAsBytes(t *testing.T) {
+	defer func() { useSIMD, useWireAVX512 = haveSIMD, haveWireAVX512 }()
+	src := wireCache(5, safetensors.F16, 1, 3, 2048, 64)
+	for _, name := range []string{"kivi2", "kivi4"} {
+		for _, p := range [][2]bool{{haveSIMD, haveWireAVX512}, {haveSIMD, false}, {false, false}} {
+			useSIMD, useWireAVX512 = p[0], p[1]
+			_, b, hdr := stageCheckSame(t, src, name, WireSuffix)
+			m := b.Compressed.Tensor("layer_0_key" + CodesSuffix + WireModelSuffix)
+			if m == nil || m.Data[0] != wireVersion || m.Data[1] != 8 || hdr.Tensors[0].Scheme.Bits >= 8 {
+				t.Fatalf("%s: layer_0_key's codes are not coded as bytes", name)
+			}
+		}
+	}
+	// the value codes' model (contexts) read as bytes: a one-line ErrWire
+	spec, _ := ParseSpec("kivi2+wire")
+	res, err := Compress(src, Config{Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &safetensors.File{Metadata: res.Compressed.Metadata}
+	for _, tn := range res.Compressed.Tensors {
+		tn.Data = append([]byte(nil), tn.Data...)
+		f.Tensors = append(f.Tensors, tn)
+	}
+	f.Tensor("layer_0_value" + CodesSuffix + WireModelSuffix).Data[1] = 8
+	if _, err := rejectsWithin(t, f, "layer_0_value"); !errors.Is(err, ErrWire) {
+		t.Errorf("error %q is not ErrWire", err)
+	}
+	// rows that are not whole bytes: one context
+	if s := wireByteShape(wireShape{fourD: true, channel: true, h: 2, d: 4, tq: 7, n: 56, bits: 4, rawBytes: 28}); s.fourD || s.n != 28 {
+		t.Errorf("byte shape %+v", s)
+	}
+}
