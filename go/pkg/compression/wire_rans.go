@@ -568,6 +568,25 @@ func wirePack(dst []byte, src []uint8, bits int) {
 	// Eight codes are bits whole bytes: a group at a time, then the rest.
 	b := bits & 7
 	n8 := len(src) &^ 7
+	if bits <= 3 {
+		// wireUnpack's halvings backwards: the 8 bytes merged pairwise into
+		// 16-, 32- and 64-bit lanes; each group stored as 8 bytes, the
+		// next group's overwriting all but its b, while 8 bytes fit
+		ub := uint(b)
+		m1 := (uint64(1)<<(2*ub) - 1) * 0x0001000100010001
+		m2 := (uint64(1)<<(4*ub) - 1) * (1 | 1<<32)
+		m3 := uint64(1)<<(8*ub) - 1
+		i := 0
+		for ; i < n8 && i/8*bits+8 <= len(dst); i += 8 {
+			v := binary.LittleEndian.Uint64(src[i:])
+			v = (v | v>>(8-ub)) & m1
+			v = (v | v>>(16-2*ub)) & m2
+			v = (v | v>>(32-4*ub)) & m3
+			binary.LittleEndian.PutUint64(dst[i/8*bits:], v)
+		}
+		src, dst = src[i:], dst[i/8*bits:]
+		n8 -= i
+	}
 	for i := 0; i < n8; i += 8 {
 		g := src[i : i+8 : i+8]
 		v := uint64(g[0]) | uint64(g[1])<<b | uint64(g[2])<<(2*b) | uint64(g[3])<<(3*b) |

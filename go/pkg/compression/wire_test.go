@@ -893,3 +893,22 @@ func TestWireCodesAsBytes(t *testing.T) {
 		t.Errorf("byte shape %+v", s)
 	}
 }
+
+// wirePack of every width and length is Pack's bytes.
+func TestWirePack(t *testing.T) {
+	r := rand.New(rand.NewSource(14))
+	for bits := 1; bits <= 8; bits++ {
+		for _, n := range []int{0, 1, 7, 8, 9, 15, 16, 17, 24, 31, 64, 100, 1001} {
+			syms := make([]uint8, n)
+			for i := range syms {
+				syms[i] = uint8(r.Intn(1 << bits))
+			}
+			got, want := make([]byte, PackedLen(n, bits)), make([]byte, PackedLen(n, bits))
+			wirePack(got, syms, bits)
+			Pack(want, asInt8(syms), bits)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("bits %d n %d: packed differently", bits, n)
+			}
+		}
+	}
+}
