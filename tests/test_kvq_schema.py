@@ -59,7 +59,7 @@ GRAMMAR = [
 
 def _cache(path: Path, layers: int, head_dim: int, dtype: str, tokens: int = 8, heads: int = 2) -> None:
     """A safetensors KV cache: layer_{i}_key and layer_{i}_value, [1, heads, tokens, head_dim] each."""
-    from test_engine_formats import _write
+    from vector_files import write_inputs
 
     rng = np.random.default_rng(layers * 1000 + head_dim)
     tensors = []
@@ -73,13 +73,13 @@ def _cache(path: Path, layers: int, head_dim: int, dtype: str, tokens: int = 8, 
             else:  # BF16: the top half of each float32
                 raw = (x.view(np.uint32) >> 16).astype(np.uint16).tobytes()
             tensors.append({"name": f"layer_{i}_{role}", "dtype": dtype, "shape": list(x.shape), "input_hex": raw.hex()})
-    _write(path, tensors)
+    write_inputs(path, tensors)
 
 
 def _header(path: Path) -> dict:
-    from test_engine_formats import _read
+    from vector_files import read_parts
 
-    return _read(path)[0]
+    return read_parts(path)[0]
 
 
 def _compress(cli: str, tmp: Path, label: str, spec: str, layers: int, dtype: str, tokens: int = 8) -> tuple[dict | None, str]:

@@ -46,7 +46,8 @@ from safetensors.torch import save_file
 import sglang_reference as sr
 from kvq_reference import decode
 from make_engine_vectors import restored_bytes
-from test_engine_formats import CASES, _read
+from test_engine_formats import CASES
+from vector_files import read_parts
 
 TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -240,7 +241,7 @@ def test_cli_is_sglangs_write(fmt, dtype, sglang, cli, tmp_path):
             proc = subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", spec],
                                   capture_output=True, text=True)
             assert proc.returncode in (0, 1), proc.stderr
-            got = np.frombuffer(_read(kvq)[1]["layer_0_key.codes"], np.uint8)
+            got = np.frombuffer(read_parts(kvq)[1]["layer_0_key.codes"], np.uint8)
             x = k.float().numpy()
             codes, y = _sglang_write(sglang, x, fmt, dtype, _k_scale(scale, dtype))
             assert np.array_equal(got, _as_torch_291(fmt, codes, y)), (hd, scale)

@@ -95,9 +95,9 @@ def test_scale_one_saturates_keys_past_448_and_calibrated_does_not(cli, tmp_path
     x = np.frombuffer(bytes.fromhex(case["tensors"][0]["input_hex"]), "<f4")
     src = tmp_path / "in.safetensors"
     make_engine_vectors_tensors = [dict(case["tensors"][0])]
-    from test_engine_formats import _write
+    from vector_files import write_inputs
 
-    _write(src, make_engine_vectors_tensors)
+    write_inputs(src, make_engine_vectors_tensors)
     for spec, want in (("vllm:fp8_e4m3", int(np.sum(np.abs(x) > 448))), (f"vllm:fp8_e4m3/scale{float(np.max(np.abs(x[np.isfinite(x)])) / 448)}", 0)):
         proc = subprocess.run([cli, "metrics", "-input", str(src), "-scheme", spec], capture_output=True, text=True)
         assert proc.returncode in (0, 1), proc.stderr
