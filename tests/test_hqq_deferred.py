@@ -37,7 +37,11 @@ def test_the_cache_module_loads_without_hqq_and_its_layer_still_quantizes():
 
 
 def test_a_cache_module_imported_before_kvlib_keeps_transformers_import():
-    probe = ("import sys, transformers.cache_utils as cu, kvlib; "
-             "assert 'hqq.core.quantize' in sys.modules and cu.HQQQuantizer.__name__ == 'Quantizer'; print('ok')")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    """install() leaves a process alone once the cache module is in (no hook, nothing wrapped)."""
+    import transformers.cache_utils  # noqa: F401
+
+    from kvlib import _hqq_deferred
+
+    _hqq_deferred.uninstall()
+    _hqq_deferred.install()
+    assert _hqq_deferred._FINDER not in sys.meta_path
