@@ -327,24 +327,6 @@ wire_d32_done:
 	VZEROUPPER
 	RET
 
-// func wireCPUID(leaf, sub uint32) (a, b, c, d uint32)
-TEXT ·wireCPUID(SB), NOSPLIT, $0-24
-	MOVL leaf+0(FP), AX
-	MOVL sub+4(FP), CX
-	CPUID
-	MOVL AX, a+8(FP)
-	MOVL BX, b+12(FP)
-	MOVL CX, c+16(FP)
-	MOVL DX, d+20(FP)
-	RET
-
-// func wireXGETBV0() uint32
-TEXT ·wireXGETBV0(SB), NOSPLIT, $0-4
-	MOVL $0, CX
-	XGETBV
-	MOVL AX, ret+0(FP)
-	RET
-
 // One encoder group of 16 symbols with the state vector XZ (its low half
 // XY): the symbols at SI, e = fs row [lane offset + symbol]; the lanes
 // whose state x has x >> (32-prec) >= freq give their low 16 bits, in

@@ -16,4 +16,6 @@ func init() {
 	_, b, _, _ := cpuid(7, 0)
 	X86.AVX2 = b&(1<<5) != 0
 	X86.F16C = c&f16c != 0
+	// XCR0 bits 1, 2, 5, 6, 7: XMM, YMM, opmask, ZMM0-15 upper halves, ZMM16-31
+	X86.AVX512F = X86.AVX2 && b&(1<<16) != 0 && xgetbv0()&0xe6 == 0xe6
 }
