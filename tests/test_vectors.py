@@ -13,6 +13,7 @@ from safetensors import safe_open
 
 import make_vectors
 from kvq_reference import pack, quantize
+from vector_files import write_inputs
 
 CASES = json.loads(make_vectors.OUT.read_text())["cases"]
 NP_DTYPES = {"F32": np.float32, "F16": np.float16}
@@ -117,22 +118,10 @@ def test_ggml_vectors_are_gguf_bytes():
             assert gq.quantize(x.reshape(-1, 32), getattr(T, c["spec"].upper())).tobytes().hex() == t["parts"][".codes"]
 
 
-def _write_tensors(tensors, path):
-    header, blobs, off = {}, [], 0
-    for t in tensors:
-        raw = bytes.fromhex(t["input_hex"])
-        header[t["name"]] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [off, off + len(raw)]}
-        blobs.append(raw)
-        off += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    path.write_bytes(len(h).to_bytes(8, "little") + h + b"".join(blobs))
-
-
 @pytest.mark.parametrize("case", V2_CASES, ids=[c["name"] for c in V2_CASES])
 def test_cli_reproduces_v2_vectors(case, cli, tmp_path):
     src, kvq, out = tmp_path / "in.safetensors", tmp_path / "in.kvq.safetensors", tmp_path / "out.safetensors"
-    _write_tensors(case["tensors"], src)
+    write_inputs(src, case["tensors"])
     proc = subprocess.run([cli, "compress", "-input", str(src), "-output", str(kvq), "-scheme", case["spec"]],
                           capture_output=True, text=True)
     if "error" in case:
