@@ -169,26 +169,33 @@ func (m *wireModel) setLevels() bool {
 // holds it: per context, the symbol whose interval holds each slot (a
 // state's low prec bits), one byte a slot.
 func (m *wireModel) decodeTable(buf []uint8) []uint8 {
-	A, M := m.alphabet(), 1<<m.prec
+	M := 1 << m.prec
 	if cap(buf) < m.nctx*M+3 { // 3 bytes of slack for wireDecode32's 4-byte reads
 		buf = make([]uint8, m.nctx*M, m.nctx*M+3)
 	}
 	t := buf[:m.nctx*M]
+	m.intervals(func(c, s, st, f int) {
+		seg := t[c*M+st : c*M+st+f]
+		seg[0] = uint8(s)
+		for k := 1; k < len(seg); k *= 2 {
+			copy(seg[k:], seg[:k])
+		}
+	})
+	return t
+}
+
+// intervals calls fn for each context c and symbol s of nonzero frequency f
+// with the start st of its slots (the decode tables' one traversal).
+func (m *wireModel) intervals(fn func(c, s, st, f int)) {
+	A := m.alphabet()
 	for c := 0; c < m.nctx; c++ {
 		for s := 0; s < A; s++ {
 			fs := m.fs[c*A+s]
-			f, st := int(fs&0xffff), int(fs>>16)
-			if f == 0 {
-				continue
-			}
-			seg := t[c*M+st : c*M+st+f]
-			seg[0] = uint8(s)
-			for k := 1; k < len(seg); k *= 2 {
-				copy(seg[k:], seg[:k])
+			if f, st := int(fs&0xffff), int(fs>>16); f != 0 {
+				fn(c, s, st, f)
 			}
 		}
 	}
-	return t
 }
 
 // ---- the model's bytes ----

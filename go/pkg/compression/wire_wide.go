@@ -112,22 +112,15 @@ func (m *wireModel) decodeEntries(buf []uint32) []uint32 {
 	if m.states != wireWideStates || !useSIMD || !useWireAVX512 {
 		return nil
 	}
-	A, M := m.alphabet(), 1<<m.prec
+	M := 1 << m.prec
 	if cap(buf) < m.nctx*M {
 		buf = make([]uint32, m.nctx*M)
 	}
 	t := buf[:m.nctx*M]
-	for c := 0; c < m.nctx; c++ {
-		for s := 0; s < A; s++ {
-			fs := m.fs[c*A+s]
-			f, st := int(fs&0xffff), int(fs>>16)
-			if f == 0 {
-				continue
-			}
-			e := uint32(s) | uint32(f-1)<<8
-			wireFill32(t[c*M+st:c*M+st+f], e) // this table is only built for the AVX-512 kernel
-		}
-	}
+	m.intervals(func(c, s, st, f int) {
+		// this table is only built for the AVX-512 kernel
+		wireFill32(t[c*M+st:c*M+st+f], uint32(s)|uint32(f-1)<<8)
+	})
 	return t
 }
 
