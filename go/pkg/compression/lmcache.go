@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 
 	"kvlib/pkg/safetensors"
 )
@@ -288,18 +289,16 @@ func cacheGenCDF(cdf *[cacheGenLp]uint16, hist *[cacheGenNB]int) {
 // 32-bit coder of csrc/cuda/ac_enc.cu's encode_with_accessor_kernel. A
 // symbol s codes as [cdf[s], cdf[s+1]) of 2^16, the last one (31) as
 // [cdf[31], 2^16); bits MSB first, the last byte padded with zeros.
+// The kernel renormalizes a bit at a time; here a symbol's run of shared
+// top bits of low and high (as many as the leading zeros of low^high) is
+// shifted out at once, then its run of underflow steps (low 01..., high
+// 10...: the leading ones of low&^high below the top bit), which writes
+// the same bits (cacheGenEncodeStreamRef in the tests is the kernel's loop
+// as written). cdf must be strictly increasing, as calculate_cdf's is.
 func cacheGenEncodeStream(dst []byte, syms []uint8, cdf *[cacheGenLp]uint16) []byte {
+	w := cgBitWriter{dst: dst}
 	low, high := uint32(0), uint32(0xFFFFFFFF)
 	pending := 0
-	var reg uint32
-	regLen := 0
-	emit := func(bit uint32) {
-		reg = reg<<1 | bit
-		if regLen++; regLen == 8 {
-			dst = append(dst, byte(reg))
-			reg, regLen = 0, 0
-		}
-	}
 	for _, s := range syms {
 		span := uint64(high) - uint64(low) + 1
 		cl, ch := uint64(cdf[s]), uint64(0x10000)
@@ -308,32 +307,57 @@ func cacheGenEncodeStream(dst []byte, syms []uint8, cdf *[cacheGenLp]uint16) []b
 		}
 		high = uint32(uint64(low) + span*ch>>16 - 1)
 		low = uint32(uint64(low) + span*cl>>16)
-		for {
-			if high&0x80000000 == low&0x80000000 {
-				bit := high >> 31
-				emit(bit)
-				for ; pending > 0; pending-- {
-					emit(1 - bit)
-				}
-				low, high = low<<1, high<<1|1
-			} else if low&0x40000000 != 0 && high&0x40000000 == 0 {
-				pending++
-				low, high = low<<1&0x7FFFFFFF, high<<1|0x80000001
-			} else {
-				break
-			}
+		if x := low ^ high; x < 0x80000000 { // n >= 1 shared top bits: the first carries the pending ones
+			n := uint(bits.LeadingZeros32(x))
+			w.first(high>>31, pending)
+			pending = 0
+			w.put(uint64(high)>>(32-n)&(1<<(n-1)-1), n-1)
+			low, high = uint32(uint64(low)<<n), uint32(uint64(high)<<n|(1<<n-1))
+		}
+		if k := uint(bits.LeadingZeros32(^((low &^ high) << 1))); k > 0 { // at most 31
+			pending += int(k)
+			low, high = low<<k&0x7FFFFFFF, high<<k|(1<<k-1)|0x80000000
 		}
 	}
-	pending++
-	bit := low >> 30 & 1
-	emit(bit)
-	for ; pending > 0; pending-- {
-		emit(1 - bit)
+	w.first(low>>30&1, pending+1)
+	return w.flush()
+}
+
+// cgBitWriter appends bits MSB first: the low n bits of acc are not yet a byte.
+type cgBitWriter struct {
+	dst []byte
+	acc uint64
+	n   uint
+}
+
+// put appends the k <= 56 low bits of v (v < 1<<k).
+func (w *cgBitWriter) put(v uint64, k uint) {
+	w.acc, w.n = w.acc<<k|v, w.n+k
+	for w.n >= 8 {
+		w.n -= 8
+		w.dst = append(w.dst, byte(w.acc>>w.n))
 	}
-	if regLen > 0 {
-		dst = append(dst, byte(reg<<(8-regLen)))
+}
+
+// first appends bit b, then p copies of 1-b (the coder's pending bits).
+func (w *cgBitWriter) first(b uint32, p int) {
+	w.put(uint64(b), 1)
+	fill := uint64(0)
+	if b == 0 {
+		fill = ^uint64(0)
 	}
-	return dst
+	for ; p > 0; p -= 48 {
+		k := uint(min(p, 48))
+		w.put(fill&(1<<k-1), k)
+	}
+}
+
+// flush pads the last byte with zeros.
+func (w *cgBitWriter) flush() []byte {
+	if w.n > 0 {
+		w.dst = append(w.dst, byte(w.acc<<(8-w.n)))
+	}
+	return w.dst
 }
 
 // cacheGenDecodeStream decodes len(out) symbols from the stream b:
@@ -344,58 +368,95 @@ func cacheGenEncodeStream(dst []byte, syms []uint8, cdf *[cacheGenLp]uint16) []b
 // shorter than 4 bytes reads its successor's first bytes: the coder's
 // termination leaves the value inside the last interval whatever follows,
 // and the symbols are the same, as the tests check on LMCache's own run.)
+// The kernel's binary search of the CDF is, for a strictly increasing cdf
+// from 0 (calculate_cdf's; cacheGenCDFValid), the largest s <= 31 with
+// cdf[s] <= count, found here in five steps without a branch; the
+// renormalization shifts as cacheGenEncodeStream's does, an underflow run
+// of k steps taking value to (value<<k) ^ 2^31 (each step's value -= 2^30
+// then <<1), with the next bits of the stream below.
 func cacheGenDecodeStream(out []uint8, b []byte, cdf *[cacheGenLp]uint16) {
-	at := func(i int) uint32 {
-		if i < len(b) {
-			return uint32(b[i])
-		}
-		return 0
-	}
-	value := at(0)<<24 | at(1)<<16 | at(2)<<8 | at(3)
+	r := cgBitReader{b: b}
+	value := r.read(32)
 	low, high := uint32(0), uint32(0xFFFFFFFF)
-	off, bitIdx := 4, 1
-	buf := at(off)
 	for i := range out {
 		span := uint64(high) - uint64(low) + 1
-		count := ((uint64(value-low)+1)*0x10000 - 1) / span & 0xFFFF
-		left, right := 0, cacheGenLp-1
-		for left+1 < right {
-			m := (left + right) / 2
-			if c := uint64(cdf[m]); c < count {
-				left = m
-			} else if c > count {
-				right = m
-			} else {
-				left = m
-				break
-			}
+		count := uint16(((uint64(value-low)+1)*0x10000 - 1) / span)
+		s := 0
+		if cdf[16] <= count {
+			s = 16
 		}
-		out[i] = uint8(left)
+		if t := s + 8; cdf[t] <= count {
+			s = t
+		}
+		if t := s + 4; cdf[t] <= count {
+			s = t
+		}
+		if t := s + 2; cdf[t] <= count {
+			s = t
+		}
+		if t := s + 1; cdf[t] <= count {
+			s = t
+		}
+		out[i] = uint8(s)
 		if i == len(out)-1 {
 			break
 		}
-		cl, ch := uint64(cdf[left]), uint64(0x10000)
-		if left != cacheGenLp-2 {
-			ch = uint64(cdf[left+1])
+		cl, ch := uint64(cdf[s]), uint64(0x10000)
+		if s != cacheGenLp-2 {
+			ch = uint64(cdf[s+1])
 		}
 		high = uint32(uint64(low) + span*ch>>16 - 1)
 		low = uint32(uint64(low) + span*cl>>16)
-		for {
-			if low >= 0x80000000 || high < 0x80000000 {
-				low, high = low<<1, high<<1|1
-			} else if low >= 0x40000000 && high < 0xC0000000 {
-				value -= 0x40000000
-				low, high = low<<1&0x7FFFFFFF, high<<1|0x80000001
-			} else {
-				break
-			}
-			value = value<<1 | buf>>(8-bitIdx)&1
-			if bitIdx++; bitIdx == 9 {
-				bitIdx, off = 1, off+1
-				buf = at(off)
+		if x := low ^ high; x < 0x80000000 {
+			n := uint(bits.LeadingZeros32(x))
+			low, high = uint32(uint64(low)<<n), uint32(uint64(high)<<n|(1<<n-1))
+			value = uint32(uint64(value)<<n) | r.read(n)
+		}
+		if k := uint(bits.LeadingZeros32(^((low &^ high) << 1))); k > 0 {
+			low, high = low<<k&0x7FFFFFFF, high<<k|(1<<k-1)|0x80000000
+			value = value<<k ^ 0x80000000 | r.read(k)
+		}
+	}
+}
+
+// cgBitReader reads a stream's bits MSB first from bit pos, zeros past its end.
+type cgBitReader struct {
+	b   []byte
+	pos uint
+}
+
+// read returns the next k <= 32 bits.
+func (r *cgBitReader) read(k uint) uint32 {
+	i := r.pos >> 3
+	var w uint64
+	if i+8 <= uint(len(r.b)) {
+		w = binary.BigEndian.Uint64(r.b[i:])
+	} else {
+		for j := i; j < i+8; j++ {
+			w <<= 8
+			if j < uint(len(r.b)) {
+				w |= uint64(r.b[j])
 			}
 		}
 	}
+	w <<= r.pos & 7
+	r.pos += k
+	return uint32(w >> (64 - k))
+}
+
+// cacheGenCDFValid says whether cdf could be calculate_cdf's: 0 first,
+// 65535 last, strictly increasing (each entry adds its index to a
+// non-decreasing floor), the precondition of the stream coders.
+func cacheGenCDFValid(cdf *[cacheGenLp]uint16) bool {
+	if cdf[0] != 0 || cdf[cacheGenNB] != 0xFFFF {
+		return false
+	}
+	for k := 1; k <= cacheGenNB; k++ {
+		if cdf[k] <= cdf[k-1] {
+			return false
+		}
+	}
+	return true
 }
 
 // cacheGenState is a CacheGen tensor decoded from its stored form: each
@@ -481,7 +542,7 @@ func (j *tensorJob) cacheGenEncode() error {
 		return err
 	}
 	j.codes = out
-	return j.cacheGenDecode()
+	return j.cacheGenRead(false) // its own streams: no need to code them again
 }
 
 // cdfAt reads one channel's 33 uint16 CDF entries from b.
@@ -501,7 +562,12 @@ func cdfAt(cdf *[cacheGenLp]uint16, b []byte) {
 // symbols, a stream that is not the encoder's code of them, bytes left
 // over. Memory is the tensor's size (one byte an element), which the
 // stored size bounds (checkStored).
-func (j *tensorJob) cacheGenDecode() error {
+func (j *tensorJob) cacheGenDecode() error { return j.cacheGenRead(true) }
+
+// cacheGenRead is cacheGenDecode; without verify it trusts that each
+// stream is the coder's code of its symbols (the encoder's own output) and
+// does not code them again to compare.
+func (j *tensorJob) cacheGenRead(verify bool) error {
 	l := j.l
 	if j.bins != 16 && j.bins != 32 {
 		return tensorErrorf(j.name, "CacheGen bins %d, want 16 or 32 (%w)", j.bins, ErrCacheGen)
@@ -545,6 +611,9 @@ func (j *tensorJob) cacheGenDecode() error {
 			stream := streams[off : off+size]
 			off += size
 			cdfAt(&cdf, cdfs[cacheGenCDFSize*ch:])
+			if !cacheGenCDFValid(&cdf) {
+				return bad("channel %d: a CDF that is not calculate_cdf's (0 to 65535, strictly increasing)", ch)
+			}
 			cacheGenDecodeStream(syms[:n], stream, &cdf)
 			hist = [cacheGenNB]int{}
 			for t, s := range syms[:n] {
@@ -556,8 +625,10 @@ func (j *tensorJob) cacheGenDecode() error {
 			if cacheGenCDF(&want, &hist); want != cdf {
 				return bad("channel %d: the stream does not decode to its CDF's counts", ch)
 			}
-			if check = cacheGenEncodeStream(check[:0], syms[:n], &cdf); string(check) != string(stream) {
-				return bad("channel %d: the stream is not the coder's code of the symbols it decodes to", ch)
+			if verify {
+				if check = cacheGenEncodeStream(check[:0], syms[:n], &cdf); string(check) != string(stream) {
+					return bad("channel %d: the stream is not the coder's code of the symbols it decodes to", ch)
+				}
 			}
 			h, d := ch/l.d, ch%l.d
 			base := ((b*l.h+h)*l.t+t0)*l.d + d
@@ -585,8 +656,12 @@ func (j *tensorJob) cacheGenDecode() error {
 // cachegen_decoder.py:123-125).
 func (j *tensorJob) cacheGenDequantize(y []float32, qlo, qhi int) {
 	l, cg := j.l, j.cg
-	for i := qlo; i < qhi; i++ {
-		bt := i / (l.h * l.t * l.d) * l.t
-		y[i-qlo] = cg.level[cg.sym[i]&(cacheGenNB-1)] * cg.max[bt+i/l.d%l.t]
+	for i := qlo; i < qhi; {
+		r := i / l.d // a row of head_dim values shares its token's maximum
+		m := cg.max[r/(l.h*l.t)*l.t+r%l.t]
+		end := min(qhi, (r+1)*l.d)
+		for ; i < end; i++ {
+			y[i-qlo] = cg.level[cg.sym[i]&(cacheGenNB-1)] * m
+		}
 	}
 }

@@ -579,3 +579,197 @@ func TestLMCacheLossless(t *testing.T) {
 		}
 	}
 }
+
+// cacheGenEncodeStreamRef appends the arithmetic code of syms to dst:
+// _encode_single_channel (cachegen_kernels.py:11-98, LMCache 0.5.6), the
+// 32-bit coder of csrc/cuda/ac_enc.cu's encode_with_accessor_kernel. A
+// symbol s codes as [cdf[s], cdf[s+1]) of 2^16, the last one (31) as
+// [cdf[31], 2^16); bits MSB first, the last byte padded with zeros.
+func cacheGenEncodeStreamRef(dst []byte, syms []uint8, cdf *[cacheGenLp]uint16) []byte {
+	low, high := uint32(0), uint32(0xFFFFFFFF)
+	pending := 0
+	var reg uint32
+	regLen := 0
+	emit := func(bit uint32) {
+		reg = reg<<1 | bit
+		if regLen++; regLen == 8 {
+			dst = append(dst, byte(reg))
+			reg, regLen = 0, 0
+		}
+	}
+	for _, s := range syms {
+		span := uint64(high) - uint64(low) + 1
+		cl, ch := uint64(cdf[s]), uint64(0x10000)
+		if int(s) != cacheGenLp-2 {
+			ch = uint64(cdf[s+1])
+		}
+		high = uint32(uint64(low) + span*ch>>16 - 1)
+		low = uint32(uint64(low) + span*cl>>16)
+		for {
+			if high&0x80000000 == low&0x80000000 {
+				bit := high >> 31
+				emit(bit)
+				for ; pending > 0; pending-- {
+					emit(1 - bit)
+				}
+				low, high = low<<1, high<<1|1
+			} else if low&0x40000000 != 0 && high&0x40000000 == 0 {
+				pending++
+				low, high = low<<1&0x7FFFFFFF, high<<1|0x80000001
+			} else {
+				break
+			}
+		}
+	}
+	pending++
+	bit := low >> 30 & 1
+	emit(bit)
+	for ; pending > 0; pending-- {
+		emit(1 - bit)
+	}
+	if regLen > 0 {
+		dst = append(dst, byte(reg<<(8-regLen)))
+	}
+	return dst
+}
+
+// cacheGenDecodeStreamRef decodes len(out) symbols from the stream b:
+// _decode_single_channel (cachegen_kernels.py:131-213, LMCache 0.5.6;
+// csrc/ac_dec.cu's decode_prefix_with_accessor_kernel), bytes past the
+// stream read as 0 as the CUDA kernel reads them. (The numba port starts
+// from the 4 bytes at the stream's offset whatever its length, so a stream
+// shorter than 4 bytes reads its successor's first bytes: the coder's
+// termination leaves the value inside the last interval whatever follows,
+// and the symbols are the same, as the tests check on LMCache's own run.)
+func cacheGenDecodeStreamRef(out []uint8, b []byte, cdf *[cacheGenLp]uint16) {
+	at := func(i int) uint32 {
+		if i < len(b) {
+			return uint32(b[i])
+		}
+		return 0
+	}
+	value := at(0)<<24 | at(1)<<16 | at(2)<<8 | at(3)
+	low, high := uint32(0), uint32(0xFFFFFFFF)
+	off, bitIdx := 4, 1
+	buf := at(off)
+	for i := range out {
+		span := uint64(high) - uint64(low) + 1
+		count := ((uint64(value-low)+1)*0x10000 - 1) / span & 0xFFFF
+		left, right := 0, cacheGenLp-1
+		for left+1 < right {
+			m := (left + right) / 2
+			if c := uint64(cdf[m]); c < count {
+				left = m
+			} else if c > count {
+				right = m
+			} else {
+				left = m
+				break
+			}
+		}
+		out[i] = uint8(left)
+		if i == len(out)-1 {
+			break
+		}
+		cl, ch := uint64(cdf[left]), uint64(0x10000)
+		if left != cacheGenLp-2 {
+			ch = uint64(cdf[left+1])
+		}
+		high = uint32(uint64(low) + span*ch>>16 - 1)
+		low = uint32(uint64(low) + span*cl>>16)
+		for {
+			if low >= 0x80000000 || high < 0x80000000 {
+				low, high = low<<1, high<<1|1
+			} else if low >= 0x40000000 && high < 0xC0000000 {
+				value -= 0x40000000
+				low, high = low<<1&0x7FFFFFFF, high<<1|0x80000001
+			} else {
+				break
+			}
+			value = value<<1 | buf>>(8-bitIdx)&1
+			if bitIdx++; bitIdx == 9 {
+				bitIdx, off = 1, off+1
+				buf = at(off)
+			}
+		}
+	}
+}
+
+// The stream coders against the kernel's loop as written
+// (cacheGenEncodeStreamRef, cacheGenDecodeStreamRef): the same bytes and
+// symbols on random, skewed and extreme CDFs (a symbol of one count in
+// 65503, the widest underflow runs), every length.
+func TestCacheGenCoderMatchesKernelLoop(t *testing.T) {
+	r := rand.New(rand.NewSource(11))
+	for trial := 0; trial < 20000; trial++ {
+		n := 1 + r.Intn(cacheGenChunk)
+		syms := make([]uint8, n)
+		var hist [cacheGenNB]int
+		switch trial % 4 {
+		case 0: // uniform over some levels
+			lv := 1 + r.Intn(cacheGenNB)
+			for i := range syms {
+				syms[i] = uint8(r.Intn(lv))
+			}
+		case 1: // one symbol nearly always, rare others anywhere
+			for i := range syms {
+				syms[i] = 15
+				if r.Intn(64) == 0 {
+					syms[i] = uint8(r.Intn(cacheGenNB))
+				}
+			}
+		case 2: // Gaussian around the middle
+			for i := range syms {
+				syms[i] = uint8(min(31, max(0, 15+int(r.NormFloat64()*4))))
+			}
+		default: // the extremes only
+			for i := range syms {
+				syms[i] = uint8([]int{0, 31}[r.Intn(2)])
+			}
+		}
+		for _, s := range syms {
+			hist[s]++
+		}
+		var cdf [cacheGenLp]uint16
+		cacheGenCDF(&cdf, &hist)
+		if !cacheGenCDFValid(&cdf) {
+			t.Fatalf("trial %d: calculate_cdf's cdf %v is not valid", trial, cdf)
+		}
+		want := cacheGenEncodeStreamRef(nil, syms, &cdf)
+		got := cacheGenEncodeStream(nil, syms, &cdf)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("trial %d: stream %x, the kernel's loop writes %x", trial, got, want)
+		}
+		tail := append(append([]byte{}, want...), byte(r.Intn(256)), byte(r.Intn(256)), byte(r.Intn(256)))
+		for _, b := range [][]byte{want, tail, want[:max(0, len(want)-1)]} {
+			a, c := make([]uint8, n), make([]uint8, n)
+			cacheGenDecodeStream(a, b, &cdf)
+			cacheGenDecodeStreamRef(c, b, &cdf)
+			if !bytes.Equal(a, c) {
+				t.Fatalf("trial %d: decodes %x as %v, the kernel's loop as %v", trial, b, a, c)
+			}
+		}
+	}
+}
+
+// Any bytes decode as the kernel's loop decodes them (a hostile stream
+// under a valid CDF).
+func FuzzCacheGenDecodeStream(f *testing.F) {
+	f.Add([]byte{0x91, 0xa8, 0x00}, uint8(8), int64(1))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x00}, uint8(200), int64(2))
+	f.Fuzz(func(t *testing.T, b []byte, n uint8, seed int64) {
+		r := rand.New(rand.NewSource(seed))
+		var hist [cacheGenNB]int
+		for i := 0; i < 1+int(n); i++ {
+			hist[r.Intn(1+r.Intn(cacheGenNB))]++
+		}
+		var cdf [cacheGenLp]uint16
+		cacheGenCDF(&cdf, &hist)
+		a, c := make([]uint8, 1+int(n)), make([]uint8, 1+int(n))
+		cacheGenDecodeStream(a, b, &cdf)
+		cacheGenDecodeStreamRef(c, b, &cdf)
+		if !bytes.Equal(a, c) {
+			t.Fatalf("decodes %x as %v, the kernel's loop as %v", b, a, c)
+		}
+	})
+}
