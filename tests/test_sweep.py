@@ -135,6 +135,11 @@ def test_recommendation_is_the_cheapest_robust_scheme():
     name, sentence = recommend([wired, a, d])
     assert name is None and "No scheme held in memory passes robustly; to store or send the cache, mix@2.667 does: " \
         "2.67 bits/element" in sentence and "CI crosses" not in sentence
+    # A spec of per-layer static scales (an engine's calibrated option) is not quoted whole.
+    b.spec = "trtllm:int8," + ",".join(f"k{i}=trtllm:int8/scale0.{i:08d}" for i in range(30))
+    name, sentence = recommend([b, d])
+    assert name == "robust" and "Use robust (trtllm:int8,... 30 more parts: the spec in the JSON's schemes)" in sentence
+    assert len(sentence) < 300
 
 
 def test_missing_peer_is_reported_and_the_sweep_goes_on(monkeypatch, cli):

@@ -241,7 +241,7 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
         return None, "No scheme keeps the model's quality: none passes the perplexity gate."
     best = min(ok, key=lambda s: (s.bits_per_element, s.context_delta))
     saving = 100 * (1 - best.bits_per_element / 16)
-    sentence = (f"Use {best.name} ({best.spec}): {best.bits_per_element:.2f} bits/element, "
+    sentence = (f"Use {best.name} ({_shown_spec(best.spec)}): {best.bits_per_element:.2f} bits/element, "
                 f"{best.compression_ratio:.2f}x smaller than FP16 ({saving:.0f}% less memory), gated delta "
                 f"{best.context_delta:+.4f} (CI {best.ci_low:+.4f} to {best.ci_high:+.4f}), "
                 f"top-1 agreement {best.top1_agreement:.1f}%.")
@@ -251,6 +251,17 @@ def recommend(schemes: list[SchemeResult]) -> tuple[str | None, str]:
         sentence += (f" To store or send it, {twin[0].name} takes {twin[0].bits_per_element:.2f} bits/element "
                      f"({twin[0].compression_ratio:.2f}x), bit for bit the same cache.")
     return best.name, sentence
+
+
+SPEC_SHOWN = 120  # characters of a spec a sentence quotes; a longer one (per-layer scales) is in the JSON
+
+
+def _shown_spec(spec: str) -> str:
+    """A spec as the recommendation quotes it: whole, or its head and where the rest is."""
+    if len(spec) <= SPEC_SHOWN:
+        return spec
+    parts = spec.split(",")
+    return f"{parts[0]},... {len(parts) - 1} more parts: the spec in the JSON's schemes"
 
 
 def score_schemes(lm: Any, ids: torch.Tensor, max_length: int, stride: int, codecs: list[CodecConfig],
