@@ -9,6 +9,10 @@ var haveSIMD = cpu.X86.AVX2
 // arithmetic (exl2EncRotAVX2, exl2CodesAVX2, exl2DecAVX2, rn16sAVX2) need both.
 var haveF16C = haveSIMD && cpu.X86.F16C
 
+// haveFMA reports FMA beside AVX2: the kernels of single-rounding float32
+// multiply-adds (nvfp4FourSixAVX2) need both.
+var haveFMA = haveSIMD && cpu.X86.FMA
+
 // The assembly kernels (kernels_amd64.s); see their Go versions in kernels.go.
 
 //go:noescape
@@ -115,6 +119,31 @@ func exl3DecAVX2(dst *[exl3Group]float32, src *byte, sm, c float32, bits int)
 //
 //go:noescape
 func nvfp4CodesAVX2(dst *[nvfp4Block / 2]byte, x *[nvfp4Block]float32, os float32) (past6 uint32)
+
+// nvfp4FourSixAVX2 is nvfp4_4over6's choice for a block of finite values
+// (fourSixError of both candidates, the /4 one where its error is smaller)
+// and the chosen candidate's codes and past-6 bits, as nvfp4CodesAVX2
+// writes them.
+//
+//go:noescape
+func nvfp4FourSixAVX2(dst *[nvfp4Block / 2]byte, x *[nvfp4Block]float32, os4, dq4, os6, dq6 float32) (e4, e6 float32, past6 uint32, four bool)
+
+// iq4nlQuantAVX2 is llamaQuantizeIQ4NL's codes (two a byte, element j
+// low and j+16 high) and weighted sums of a block of finite values with
+// id = 1/d0; iq4nlDecAVX2 is llamaDequantizeIQ4NL's block.
+//
+//go:noescape
+func iq4nlQuantAVX2(dst *[GGMLBlock / 2]byte, x *[GGMLBlock]float32, id float32) (sumqx, sumq2 float32)
+
+// iq4nlQuant2AVX2 is iq4nlQuantAVX2 of two consecutive blocks of 18 bytes
+// (codes at dst and dst+18), the second one's values at x[32:]: their
+// sums, A's sumqx and sumq2 then B's, are added in one register.
+//
+//go:noescape
+func iq4nlQuant2AVX2(dst *byte, x *[2 * GGMLBlock]float32, ida, idb float32) (sums [4]float32)
+
+//go:noescape
+func iq4nlDecAVX2(dst *[GGMLBlock]float32, src *[GGMLBlock / 2]byte, d float32)
 
 //go:noescape
 func nvfp4DecAVX2(dst *[nvfp4Block]float32, src *[nvfp4Block / 2]byte, sf, k float32)

@@ -1858,3 +1858,399 @@ minmaxnum_fold:
 	VMOVSS       X1, hi+28(FP)
 	VZEROUPPER
 	RET
+
+// nvfp4Err8 is one candidate's half block in fourSixError: the 8 products
+// x_i · os in P become their codes (nvfp4Code8, past-6 lanes ORed into Y12),
+// then D = fma(q_i, dq, -x_i) for the codes' signed E2M1 values q_i (the
+// fused multiply-add rounds once, as fma32 does). X is the 8 values'
+// address, Y7 the broadcast dq, Y15 the E2M1 magnitudes; Y8-Y11 clobbered.
+#define nvfp4Err8(P, X, D) \
+	nvfp4Code8(P) \
+	VPERMPS     Y15, P, Y8 \
+	VPSLLD      $28, P, Y9 \
+	VPAND       Y14, Y9, Y9 \
+	VXORPS      Y9, Y8, Y8 \
+	VXORPS      X, Y14, D \
+	VFMADD231PS Y7, Y8, D
+
+// nvfp4PairErr turns a candidate's D of elements 0-7 (LO) and 8-15 (HI)
+// into its 8 pair errors fma(dx, dx, dy·dy) in E, pairs in lane order
+// 0, 1, 4, 5 | 2, 3, 6, 7; Y8 clobbered.
+#define nvfp4PairErr(LO, HI, E) \
+	VSHUFPS     $0x88, HI, LO, Y8 \
+	VSHUFPS     $0xdd, HI, LO, E \
+	VMULPS      E, E, E \
+	VFMADD231PS Y8, Y8, E
+
+// func nvfp4FourSixAVX2(dst *[8]byte, x *[16]float32, os4, dq4, os6, dq6 float32) (e4, e6 float32, past6 uint32, four bool)
+// is nvfp4_4over6's choice for a finite block: both candidates' errors
+// (fourSixError, each pair's error rounded as there and summed in pair
+// order), four = e4 < e6, and the chosen candidate's codes (two a byte,
+// as nvfp4CodesAVX2 writes them) and past-6 bits. Needs FMA.
+TEXT ·nvfp4FourSixAVX2(SB), NOSPLIT, $0-45
+	MOVQ    dst+0(FP), DI
+	MOVQ    x+8(FP), SI
+	VMOVDQU absmask<>(SB), Y13
+	VMOVDQU signmask<>(SB), Y14
+	VMOVUPS e2m1mag<>(SB), Y15
+
+	// the /4 candidate: codes in Y1 (elements 0-7) and Y0 (8-15), errors in Y6
+	VBROADCASTSS os4+16(FP), Y0
+	VBROADCASTSS dq4+20(FP), Y7
+	VMULPS       0(SI), Y0, Y1
+	VMULPS       32(SI), Y0, Y0
+	VPXOR        Y12, Y12, Y12
+	nvfp4Err8(Y1, 0(SI), Y4)
+	VMOVMSKPS    Y12, AX
+	VPXOR        Y12, Y12, Y12
+	nvfp4Err8(Y0, 32(SI), Y5)
+	VMOVMSKPS    Y12, BX
+	SHLL         $8, BX
+	ORL          BX, AX
+	nvfp4PairErr(Y4, Y5, Y6)
+
+	// the /6 candidate: codes in Y3 and Y2, errors in Y5
+	VBROADCASTSS os6+24(FP), Y2
+	VBROADCASTSS dq6+28(FP), Y7
+	VMULPS       0(SI), Y2, Y3
+	VMULPS       32(SI), Y2, Y2
+	VPXOR        Y12, Y12, Y12
+	nvfp4Err8(Y3, 0(SI), Y4)
+	VMOVMSKPS    Y12, CX
+	VPXOR        Y12, Y12, Y12
+	nvfp4Err8(Y2, 32(SI), Y10)
+	VMOVMSKPS    Y12, BX
+	SHLL         $8, BX
+	ORL          BX, CX
+	nvfp4PairErr(Y4, Y10, Y5)
+
+	// the sums, pair 0 first, both candidates at once (lane 0 /4, lane 1 /6)
+	VUNPCKLPS    Y5, Y6, Y10 // pairs 0, 1 | 2, 3
+	VUNPCKHPS    Y5, Y6, Y11 // pairs 4, 5 | 6, 7
+	VMOVHLPS     X10, X10, X8
+	VADDPS       X8, X10, X4
+	VEXTRACTF128 $1, Y10, X9
+	VADDPS       X9, X4, X4
+	VMOVHLPS     X9, X9, X9
+	VADDPS       X9, X4, X4
+	VADDPS       X11, X4, X4
+	VMOVHLPS     X11, X11, X8
+	VADDPS       X8, X4, X4
+	VEXTRACTF128 $1, Y11, X9
+	VADDPS       X9, X4, X4
+	VMOVHLPS     X9, X9, X9
+	VADDPS       X9, X4, X4
+	VMOVSS       X4, e4+32(FP)
+	VMOVSHDUP    X4, X8
+	VMOVSS       X8, e6+36(FP)
+
+	// four = e4 < e6: pick its codes and past-6 bits
+	VCMPSS       $0x01, X8, X4, X9
+	VBROADCASTSS X9, Y9
+	VBLENDVPS    Y9, Y1, Y3, Y1
+	VBLENDVPS    Y9, Y0, Y2, Y0
+	VMOVD        X9, DX
+	TESTL        DX, DX
+	CMOVLNE      AX, CX
+	SETNE        four+44(FP)
+	MOVL         CX, past6+40(FP)
+	VPSRLQ       $28, Y1, Y2 // packed as nvfp4CodesAVX2 packs them
+	VPOR         Y2, Y1, Y1
+	VPSRLQ       $28, Y0, Y2
+	VPOR         Y2, Y0, Y0
+	VMOVDQU      nvfp4pick<>(SB), Y3
+	VPSHUFB      Y3, Y1, Y1
+	VPSHUFB      Y3, Y0, Y0
+	VEXTRACTI128 $1, Y1, X2
+	VPUNPCKLWD   X2, X1, X1
+	VEXTRACTI128 $1, Y0, X2
+	VPUNPCKLWD   X2, X0, X0
+	VPUNPCKLDQ   X0, X1, X1
+	VMOVQ        X1, (DI)
+	VZEROUPPER
+	RET
+
+// iq4_nl's codebook (kvaluesIQ4NL) as bytes, its float32 values by code
+// (0-7, 8-15) and its 15 midpoints (iq4nlMids).
+DATA iq4nlk<>+0(SB)/8, $0xf6eaddcfbfad9881
+DATA iq4nlk<>+8(SB)/8, $0x7159453526190d01
+GLOBL iq4nlk<>(SB), RODATA|NOPTR, $16
+
+DATA iq4nlv<>+0(SB)/4, $0xc2fe0000
+DATA iq4nlv<>+4(SB)/4, $0xc2d00000
+DATA iq4nlv<>+8(SB)/4, $0xc2a60000
+DATA iq4nlv<>+12(SB)/4, $0xc2820000
+DATA iq4nlv<>+16(SB)/4, $0xc2440000
+DATA iq4nlv<>+20(SB)/4, $0xc20c0000
+DATA iq4nlv<>+24(SB)/4, $0xc1b00000
+DATA iq4nlv<>+28(SB)/4, $0xc1200000
+DATA iq4nlv<>+32(SB)/4, $0x3f800000
+DATA iq4nlv<>+36(SB)/4, $0x41500000
+DATA iq4nlv<>+40(SB)/4, $0x41c80000
+DATA iq4nlv<>+44(SB)/4, $0x42180000
+DATA iq4nlv<>+48(SB)/4, $0x42540000
+DATA iq4nlv<>+52(SB)/4, $0x428a0000
+DATA iq4nlv<>+56(SB)/4, $0x42b20000
+DATA iq4nlv<>+60(SB)/4, $0x42e20000
+GLOBL iq4nlv<>(SB), RODATA|NOPTR, $64
+
+DATA iq4nlmid<>+0(SB)/4, $0xc2e70000
+DATA iq4nlmid<>+4(SB)/4, $0xc2bb0000
+DATA iq4nlmid<>+8(SB)/4, $0xc2940000
+DATA iq4nlmid<>+12(SB)/4, $0xc2640000
+DATA iq4nlmid<>+16(SB)/4, $0xc2280000
+DATA iq4nlmid<>+20(SB)/4, $0xc1e40000
+DATA iq4nlmid<>+24(SB)/4, $0xc1800000
+DATA iq4nlmid<>+28(SB)/4, $0xc0900000
+DATA iq4nlmid<>+32(SB)/4, $0x40e00000
+DATA iq4nlmid<>+36(SB)/4, $0x41980000
+DATA iq4nlmid<>+40(SB)/4, $0x41fc0000
+DATA iq4nlmid<>+44(SB)/4, $0x42360000
+DATA iq4nlmid<>+48(SB)/4, $0x42740000
+DATA iq4nlmid<>+52(SB)/4, $0x429e0000
+DATA iq4nlmid<>+56(SB)/4, $0x42ca0000
+GLOBL iq4nlmid<>(SB), RODATA|NOPTR, $60
+
+// iq4nlMid counts midpoint OFF reached (y >= mid) by the 32 values in
+// Y10-Y13 into Y0-Y3; Y8, Y9 clobbered.
+#define iq4nlMid(OFF) \
+	VBROADCASTSS iq4nlmid<>+OFF(SB), Y9 \
+	VCMPPS       $0x1d, Y9, Y10, Y8 \
+	VPSUBD       Y8, Y0, Y0 \
+	VCMPPS       $0x1d, Y9, Y11, Y8 \
+	VPSUBD       Y8, Y1, Y1 \
+	VCMPPS       $0x1d, Y9, Y12, Y8 \
+	VPSUBD       Y8, Y2, Y2 \
+	VCMPPS       $0x1d, Y9, Y13, Y8 \
+	VPSUBD       Y8, Y3, Y3
+
+// iq4nlSums8 adds the 8 elements at OFF(SI), codes in C, to the sums in
+// X4 (lane 0 sumqx, lane 1 sumq2), one element after the other: q the
+// code's value, w = x·x, wq = w·q, then sumqx += wq·x and sumq2 += wq·q,
+// each product rounded (no fused multiply-add). Y14, Y15 the values of
+// codes 0-7 and 8-15; Y5-Y12 clobbered.
+#define iq4nlSums8(OFF, C) \
+	VPERMPS      Y14, C, Y5 \
+	VPERMPS      Y15, C, Y6 \
+	VPSLLD       $28, C, Y7 \
+	VBLENDVPS    Y7, Y6, Y5, Y5 \
+	VMOVUPS      OFF(SI), Y6 \
+	VMULPS       Y6, Y6, Y7 \
+	VMULPS       Y5, Y7, Y7 \
+	VMULPS       Y6, Y7, Y8 \
+	VMULPS       Y5, Y7, Y9 \
+	VUNPCKLPS    Y9, Y8, Y10 \
+	VUNPCKHPS    Y9, Y8, Y11 \
+	VADDPS       X10, X4, X4 \
+	VMOVHLPS     X10, X10, X12 \
+	VADDPS       X12, X4, X4 \
+	VADDPS       X11, X4, X4 \
+	VMOVHLPS     X11, X11, X12 \
+	VADDPS       X12, X4, X4 \
+	VEXTRACTF128 $1, Y10, X10 \
+	VADDPS       X10, X4, X4 \
+	VMOVHLPS     X10, X10, X12 \
+	VADDPS       X12, X4, X4 \
+	VEXTRACTF128 $1, Y11, X11 \
+	VADDPS       X11, X4, X4 \
+	VMOVHLPS     X11, X11, X12 \
+	VADDPS       X12, X4, X4
+
+// func iq4nlQuantAVX2(dst *[16]byte, x *[32]float32, id float32) (sumqx, sumq2 float32)
+// is llamaQuantizeIQ4NL's block of finite values: each code the count of
+// midpoints <= x_i·id, written two a byte (element j low, j+16 high), and
+// the weighted sums in element order.
+TEXT ·iq4nlQuantAVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         x+8(FP), SI
+	VBROADCASTSS id+16(FP), Y9
+	VMULPS       0(SI), Y9, Y10
+	VMULPS       32(SI), Y9, Y11
+	VMULPS       64(SI), Y9, Y12
+	VMULPS       96(SI), Y9, Y13
+	VPXOR        Y0, Y0, Y0
+	VPXOR        Y1, Y1, Y1
+	VPXOR        Y2, Y2, Y2
+	VPXOR        Y3, Y3, Y3
+	iq4nlMid(0)
+	iq4nlMid(4)
+	iq4nlMid(8)
+	iq4nlMid(12)
+	iq4nlMid(16)
+	iq4nlMid(20)
+	iq4nlMid(24)
+	iq4nlMid(28)
+	iq4nlMid(32)
+	iq4nlMid(36)
+	iq4nlMid(40)
+	iq4nlMid(44)
+	iq4nlMid(48)
+	iq4nlMid(52)
+	iq4nlMid(56)
+	VMOVUPS      iq4nlv<>+0(SB), Y14
+	VMOVUPS      iq4nlv<>+32(SB), Y15
+	VXORPS       X4, X4, X4
+	iq4nlSums8(0, Y0)
+	iq4nlSums8(32, Y1)
+	iq4nlSums8(64, Y2)
+	iq4nlSums8(96, Y3)
+	VMOVSS       X4, sumqx+24(FP)
+	VMOVSHDUP    X4, X5
+	VMOVSS       X5, sumq2+28(FP)
+	VPSLLD       $4, Y2, Y2 // element j+16 in the high nibble
+	VPOR         Y2, Y0, Y0
+	VPSLLD       $4, Y3, Y3
+	VPOR         Y3, Y1, Y1
+	VEXTRACTI128 $1, Y0, X5
+	VPACKUSDW    X5, X0, X0
+	VEXTRACTI128 $1, Y1, X5
+	VPACKUSDW    X5, X1, X1
+	VPACKUSWB    X1, X0, X0
+	VMOVDQU      X0, (DI)
+	VZEROUPPER
+	RET
+
+// func iq4nlDecAVX2(dst *[32]float32, src *[16]byte, d float32)
+// is llamaDequantizeIQ4NL's block: d · kvalues_iq4nl[code].
+TEXT ·iq4nlDecAVX2(SB), NOSPLIT, $0-20
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	VBROADCASTSS d+16(FP), Y4
+	VMOVDQU      (SI), X0
+	VMOVDQU      iq4nlk<>(SB), X2
+	VMOVDQU      nibble<>(SB), X3
+	VPSRLW       $4, X0, X1
+	VPAND        X3, X0, X0
+	VPAND        X3, X1, X1
+	VPSHUFB      X0, X2, X0 // the codes' values, elements 0-15
+	VPSHUFB      X1, X2, X1 // elements 16-31
+	VPMOVSXBD    X0, Y5
+	VPSRLDQ      $8, X0, X0
+	VPMOVSXBD    X0, Y6
+	VPMOVSXBD    X1, Y7
+	VPSRLDQ      $8, X1, X1
+	VPMOVSXBD    X1, Y8
+	VCVTDQ2PS    Y5, Y5
+	VCVTDQ2PS    Y6, Y6
+	VCVTDQ2PS    Y7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VMULPS       Y5, Y4, Y5
+	VMULPS       Y6, Y4, Y6
+	VMULPS       Y7, Y4, Y7
+	VMULPS       Y8, Y4, Y8
+	VMOVUPS      Y5, 0(DI)
+	VMOVUPS      Y6, 32(DI)
+	VMOVUPS      Y7, 64(DI)
+	VMOVUPS      Y8, 96(DI)
+	VZEROUPPER
+	RET
+
+// iq4nlValue stores the values of the 8 codes in C at QOFF(SP); Y5-Y7
+// clobbered.
+#define iq4nlValue(C, QOFF) \
+	VPERMPS   Y14, C, Y5 \
+	VPERMPS   Y15, C, Y6 \
+	VPSLLD    $28, C, Y7 \
+	VBLENDVPS Y7, Y6, Y5, Y5 \
+	VMOVUPS   Y5, QOFF(SP)
+
+// iq4nlCodes writes the codes of the block at XOFF(SI) (each the count of
+// midpoints <= x_i·id, id broadcast in Y9) two a byte at DOFF(DI), and the
+// codes' values at QOFF(SP); Y0-Y3, Y5-Y13 clobbered, Y14 and Y15 the values.
+#define iq4nlCodes(XOFF, QOFF, DOFF) \
+	VMULPS       XOFF+0(SI), Y9, Y10 \
+	VMULPS       XOFF+32(SI), Y9, Y11 \
+	VMULPS       XOFF+64(SI), Y9, Y12 \
+	VMULPS       XOFF+96(SI), Y9, Y13 \
+	VPXOR        Y0, Y0, Y0 \
+	VPXOR        Y1, Y1, Y1 \
+	VPXOR        Y2, Y2, Y2 \
+	VPXOR        Y3, Y3, Y3 \
+	iq4nlMid(0) \
+	iq4nlMid(4) \
+	iq4nlMid(8) \
+	iq4nlMid(12) \
+	iq4nlMid(16) \
+	iq4nlMid(20) \
+	iq4nlMid(24) \
+	iq4nlMid(28) \
+	iq4nlMid(32) \
+	iq4nlMid(36) \
+	iq4nlMid(40) \
+	iq4nlMid(44) \
+	iq4nlMid(48) \
+	iq4nlMid(52) \
+	iq4nlMid(56) \
+	iq4nlValue(Y0, QOFF+0) \
+	iq4nlValue(Y1, QOFF+32) \
+	iq4nlValue(Y2, QOFF+64) \
+	iq4nlValue(Y3, QOFF+96) \
+	VPSLLD       $4, Y2, Y2 \
+	VPOR         Y2, Y0, Y0 \
+	VPSLLD       $4, Y3, Y3 \
+	VPOR         Y3, Y1, Y1 \
+	VEXTRACTI128 $1, Y0, X5 \
+	VPACKUSDW    X5, X0, X0 \
+	VEXTRACTI128 $1, Y1, X5 \
+	VPACKUSDW    X5, X1, X1 \
+	VPACKUSWB    X1, X0, X0 \
+	VMOVDQU      X0, DOFF(DI)
+
+// iq4nlSums2 adds elements OFF/4 to OFF/4+7 of both blocks to X4 (lanes:
+// A's sumqx, sumq2, B's sumqx, sumq2), element after element, with the
+// products of iq4nlSums8; Y5-Y13 clobbered.
+#define iq4nlSums2(OFF) \
+	VMOVUPS      OFF(SI), Y6 \
+	VMOVUPS      OFF(SP), Y5 \
+	VMULPS       Y6, Y6, Y7 \
+	VMULPS       Y5, Y7, Y7 \
+	VMULPS       Y6, Y7, Y8 \
+	VMULPS       Y5, Y7, Y9 \
+	VMOVUPS      128+OFF(SI), Y6 \
+	VMOVUPS      128+OFF(SP), Y5 \
+	VMULPS       Y6, Y6, Y7 \
+	VMULPS       Y5, Y7, Y7 \
+	VMULPS       Y6, Y7, Y10 \
+	VMULPS       Y5, Y7, Y11 \
+	VUNPCKLPS    Y9, Y8, Y12 \
+	VUNPCKHPS    Y9, Y8, Y13 \
+	VUNPCKLPS    Y11, Y10, Y8 \
+	VUNPCKHPS    Y11, Y10, Y9 \
+	VUNPCKLPD    Y8, Y12, Y10 \
+	VUNPCKHPD    Y8, Y12, Y11 \
+	VUNPCKLPD    Y9, Y13, Y12 \
+	VUNPCKHPD    Y9, Y13, Y13 \
+	VADDPS       X10, X4, X4 \
+	VADDPS       X11, X4, X4 \
+	VADDPS       X12, X4, X4 \
+	VADDPS       X13, X4, X4 \
+	VEXTRACTF128 $1, Y10, X10 \
+	VADDPS       X10, X4, X4 \
+	VEXTRACTF128 $1, Y11, X11 \
+	VADDPS       X11, X4, X4 \
+	VEXTRACTF128 $1, Y12, X12 \
+	VADDPS       X12, X4, X4 \
+	VEXTRACTF128 $1, Y13, X13 \
+	VADDPS       X13, X4, X4
+
+// func iq4nlQuant2AVX2(dst *byte, x *[64]float32, ida, idb float32) (sums [4]float32)
+// is iq4nlQuantAVX2 of two consecutive blocks (codes at dst and dst+18,
+// the second block's at x[32:]), their sums in one register: sums is A's
+// sumqx and sumq2, then B's.
+TEXT ·iq4nlQuant2AVX2(SB), NOSPLIT, $256-40
+	MOVQ    dst+0(FP), DI
+	MOVQ    x+8(FP), SI
+	VMOVUPS iq4nlv<>+0(SB), Y14
+	VMOVUPS iq4nlv<>+32(SB), Y15
+	VBROADCASTSS ida+16(FP), Y9
+	iq4nlCodes(0, 0, 0)
+	VBROADCASTSS idb+20(FP), Y9
+	iq4nlCodes(128, 128, 18)
+	VXORPS  X4, X4, X4
+	iq4nlSums2(0)
+	iq4nlSums2(32)
+	iq4nlSums2(64)
+	iq4nlSums2(96)
+	VMOVUPS X4, sums+24(FP)
+	VZEROUPPER
+	RET

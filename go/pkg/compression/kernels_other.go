@@ -6,8 +6,11 @@ package compression
 // the assembly entry points below are never called.
 const haveSIMD = false
 
-// haveF16C is false likewise (see kernels_amd64.go).
-const haveF16C = false
+// haveF16C and haveFMA are false likewise (see kernels_amd64.go).
+const (
+	haveF16C = false
+	haveFMA  = false
+)
 
 func noSIMD() { panic("compression: no SIMD kernels on this architecture") }
 
@@ -56,6 +59,19 @@ func nvfp4CodesAVX2(*[nvfp4Block / 2]byte, *[nvfp4Block]float32, float32) uint32
 	noSIMD()
 	return 0
 }
+func nvfp4FourSixAVX2(*[nvfp4Block / 2]byte, *[nvfp4Block]float32, float32, float32, float32, float32) (float32, float32, uint32, bool) {
+	noSIMD()
+	return 0, 0, 0, false
+}
+func iq4nlQuantAVX2(*[GGMLBlock / 2]byte, *[GGMLBlock]float32, float32) (float32, float32) {
+	noSIMD()
+	return 0, 0
+}
+func iq4nlQuant2AVX2(*byte, *[2 * GGMLBlock]float32, float32, float32) [4]float32 {
+	noSIMD()
+	return [4]float32{}
+}
+func iq4nlDecAVX2(*[GGMLBlock]float32, *[GGMLBlock / 2]byte, float32)            { noSIMD() }
 func nvfp4DecAVX2(*[nvfp4Block]float32, *[nvfp4Block / 2]byte, float32, float32) { noSIMD() }
 func kvfp4CodesAVX2(*[kvfp4Block / 2]byte, *[kvfp4Block]float32, float32)        { noSIMD() }
 func e4m3EncodeAVX2([]uint8, []float32, float32)                                 { noSIMD() }

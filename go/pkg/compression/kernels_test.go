@@ -262,6 +262,65 @@ func kernelRuns() map[string]kernelRun {
 					}
 				}
 			}
+			v := x[:len(x)/nvfp4Block*nvfp4Block]
+			for _, w := range []nvfp4Writer{nvfp4VLLM, nvfp4VLLM4over6, nvfp4TRTLLM} {
+				run := make([]byte, len(v)/nvfp4Block*nvfp4Bytes)
+				nf, sat := w.quantizeRun(v, run, 0.37)
+				y := make([]float32, len(v))
+				nvfp4DequantizeRun(run, y, 0.37)
+				s += fmt.Sprint(nf, sat, run) + bitsOf(y)
+			}
+			return s
+		},
+		"nvfp4FourSix": func(x []float32, r *rand.Rand) string {
+			// the kernel of nvfp4_4over6's choice against fourSixError, on finite
+			// blocks and the output scales candidate gives (0, normal, Inf), the
+			// finite ones taken by the kernel
+			var s string
+			for i := 0; i+nvfp4Block <= len(x); i += nvfp4Block {
+				blk := x[i : i+nvfp4Block]
+				if absMaxBits(blk) >= 0x7f800000 {
+					continue
+				}
+				vecMax := math.Float32frombits(absMaxBits(blk))
+				oss := []float32{0, 1, 0.37, 0x1p-126, 0x1.fffffep-126, 3e-38, 6e37, math.MaxFloat32, float32(math.Ldexp(1+r.Float64(), r.Intn(250)-125))}
+				for _, k := range []float32{1, 1e-3, 3e4} {
+					for _, w := range []nvfp4Writer{nvfp4VLLM4over6, nvfp4TRTLLM} {
+						_, _, os4 := w.candidate(vecMax, 1/k, rcpApproxFTZ(1/k), 0.25)
+						_, _, os6 := w.candidate(vecMax, 1/k, rcpApproxFTZ(1/k), nvfp4Rcp6)
+						oss = append(oss, os4, os6)
+					}
+				}
+				for j, os4 := range oss {
+					for _, os6 := range []float32{oss[(j+1)%len(oss)], oss[r.Intn(len(oss))]} {
+						if max(math.Float32bits(os4), math.Float32bits(os6)) >= 0x7f800000 {
+							continue
+						}
+						var c [nvfp4Block / 2]byte
+						var e4, e6 float32
+						var past6 uint32
+						var four bool
+						if useSIMD && haveFMA {
+							e4, e6, past6, four = nvfp4FourSixAVX2(&c, (*[nvfp4Block]float32)(blk), os4, fourSixDQ(os4), os6, fourSixDQ(os6))
+						} else {
+							e4, e6 = fourSixError(blk, os4), fourSixError(blk, os6)
+							four = e4 < e6
+							os := os6
+							if four {
+								os = os4
+							}
+							for k, v := range blk {
+								p := float32(v * os)
+								c[k/2] |= nvfp4Code(p) << (4 * (k & 1))
+								if p > 6 || p < -6 {
+									past6 |= 1 << k
+								}
+							}
+						}
+						s += fmt.Sprint(math.Float32bits(e4), math.Float32bits(e6), past6, four, c)
+					}
+				}
+			}
 			return s
 		},
 		"mx": func(x []float32, r *rand.Rand) string {
@@ -319,6 +378,75 @@ func kernelRuns() map[string]kernelRun {
 			for i := 0; i+GGMLBlock <= len(x); i += GGMLBlock {
 				blk := make([]byte, 18)
 				nf := llamaQuantizeIQ4NL(x[i:i+GGMLBlock], blk)
+				y := make([]float32, GGMLBlock)
+				llamaDequantizeIQ4NL(blk, y)
+				s += fmt.Sprint(nf, blk) + bitsOf(y)
+				r.Read(blk) // any scale: NaN, Inf, subnormal
+				llamaDequantizeIQ4NL(blk, y)
+				s += bitsOf(y)
+			}
+			// the kernels' sums themselves, in float32 (the stored fp16 scale
+			// hides most of their last bits), on x and on ordinary values,
+			// whose sums the order of addition moves
+			nice := make([]float32, 16*GGMLBlock)
+			for i := range nice {
+				nice[i] = float32(r.NormFloat64())
+			}
+			for i, x := 0, append(slices.Clone(x[:len(x)/(2*GGMLBlock)*2*GGMLBlock]), nice...); i+2*GGMLBlock <= len(x); i += 2 * GGMLBlock {
+				a, b := x[i:i+GGMLBlock], x[i+GGMLBlock:i+2*GGMLBlock]
+				ida, oka := iq4nlID(a)
+				idb, okb := iq4nlID(b)
+				if !oka || !okb {
+					continue
+				}
+				var sums [4]float32
+				d := make([]byte, 36)
+				if useSIMD {
+					sums = iq4nlQuant2AVX2(&d[2], (*[2 * GGMLBlock]float32)(x[i:i+2*GGMLBlock]), ida, idb)
+					var one [4]float32
+					one[0], one[1] = iq4nlQuantAVX2((*[GGMLBlock / 2]byte)(d[20:36]), (*[GGMLBlock]float32)(a), ida)
+					one[2], one[3] = iq4nlQuantAVX2((*[GGMLBlock / 2]byte)(d[20:36]), (*[GGMLBlock]float32)(b), idb)
+					if one != sums && !slices.ContainsFunc(sums[:], func(v float32) bool { return v != v }) {
+						return fmt.Sprint("iq4nlQuantAVX2 and iq4nlQuant2AVX2 differ: ", one, sums)
+					}
+				} else {
+					for k, blk := range [][]float32{a, b} {
+						var q [GGMLBlock]uint8
+						for j, v := range blk {
+							q[j] = uint8(bestIndexIQ4NL(float32([]float32{ida, idb}[k] * v)))
+						}
+						sums[2*k], sums[2*k+1] = iq4nlSums(blk, &q)
+						for j := 0; j < 16; j++ {
+							d[18*k+2+j] = q[j] | q[j+16]<<4
+						}
+					}
+				}
+				s += fmt.Sprint(bitsOf(sums[:]), d)
+			}
+			for _, off := range []int{0, GGMLBlock} { // runs of blocks, pairs at either parity
+				if len(x) < off {
+					continue
+				}
+				v := x[off : off+(len(x)-off)/GGMLBlock*GGMLBlock]
+				run := make([]byte, len(v)/GGMLBlock*18)
+				nf, _ := llamaQuantizeIQ4NLRun(v, run, 0)
+				y := make([]float32, len(v))
+				llamaDequantizeIQ4NLRun(run, y, 0)
+				s += fmt.Sprint(nf, run) + bitsOf(y)
+			}
+			// blocks whose id is 1 (max -127): each x·id on, just below and
+			// just above a midpoint
+			var on []float32
+			for _, m := range iq4nlMids {
+				on = append(on, m, math.Nextafter32(m, -200), math.Nextafter32(m, 200))
+			}
+			for len(on)%(GGMLBlock-1) != 0 {
+				on = append(on, 0)
+			}
+			for i := 0; i < len(on); i += GGMLBlock - 1 {
+				b := append([]float32{-127}, on[i:i+GGMLBlock-1]...)
+				blk := make([]byte, 18)
+				nf := llamaQuantizeIQ4NL(b, blk)
 				s += fmt.Sprint(nf, blk)
 			}
 			for _, m := range iq4nlMids { // each id·v on, just below and just above a midpoint
@@ -453,7 +581,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "mx" && name != "e4m3" && name != "int4" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "nvfp4FourSix" && name != "iq4nl" && name != "mx" && name != "e4m3" && name != "int4" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs

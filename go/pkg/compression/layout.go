@@ -211,6 +211,15 @@ func (l *layout) residualElems() int {
 	return l.n - l.nq
 }
 
+// runs reports whether the groups of a chunk are its whole blocks one
+// after the other, group g at elements [g·group, (g+1)·group) and block
+// g of the codes: an engine block type along the token axis, where
+// eachGroup's groups are exactly these (the run entries of engineFormat).
+func (l *layout) runs() bool {
+	return l.s.Axis == Token && !l.slab && l.group == l.blockElems && l.group > 0 && l.rowLen%l.group == 0 &&
+		l.residualElems() == 0 && !l.q.packed()
+}
+
 // eachGroup calls fn for the groups of q-order range [qlo, qhi) (chunk
 // bounds, so whole groups): its bounds relative to qlo and its index.
 func (l *layout) eachGroup(qlo, qhi int, fn func(gs, ge, gi int) error) error {

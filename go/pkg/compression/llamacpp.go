@@ -76,7 +76,8 @@ var llamaCpp = &engine{
 			quantize: llamaQuantizeQ4_0, dequantize: ggmlDequantizer(Q4_0)},
 		{name: "iq4_nl", bits: 4, elems: GGMLBlock, bytes: 18, rotates: true, evidence: EvidenceExecuted,
 			source:   "ggml/src/ggml-quants.c:4937-5046, 5071-5084 (quantize_row_iq4_nl_ref), 2725-2741",
-			quantize: llamaQuantizeIQ4NL, dequantize: llamaDequantizeIQ4NL},
+			quantize: llamaQuantizeIQ4NL, dequantize: llamaDequantizeIQ4NL,
+			quantizeRun: llamaQuantizeIQ4NLRun, dequantizeRun: llamaDequantizeIQ4NLRun},
 	},
 }
 
@@ -505,28 +506,17 @@ func llamaQuantizeIQ4NL(x []float32, dst []byte) bool {
 		id := 1 / (mx / float32(kvaluesIQ4NL[0]))
 		if useSIMD && abits < 0x7f800000 {
 			// all finite, so is each id·v: its index is the count of the
-			// midpoints <= it (bestIndexIQ4NL), 8 a compare
-			var y [GGMLBlock]float32
-			copy(y[:], x)
-			scale(y[:], id)
-			var c [GGMLBlock]int8
-			tqCodesAVX2(c[:], y[:], iq4nlMids[:])
-			for j, k := range c {
-				q[j] = uint8(k)
-			}
-		} else {
-			for j, v := range x {
-				q[j] = uint8(bestIndexIQ4NL(float32(id * v)))
-			}
+			// midpoints <= it (bestIndexIQ4NL), 8 a compare; the same
+			// products as below, 8 at a time, and the sums in element
+			// order (iq4nlQuantAVX2)
+			sumqx, sumq2 := iq4nlQuantAVX2((*[GGMLBlock / 2]byte)(dst[2:2+GGMLBlock/2]), (*[GGMLBlock]float32)(x), id)
+			iq4nlPutScale(dst, sumqx, sumq2)
+			return false
 		}
-		var sumqx, sumq2 float32
 		for j, v := range x {
-			qv := iq4nlValues[q[j]&15]
-			w := float32(v * v)
-			wq := float32(w * qv)
-			sumqx += float32(wq * v) // the conversions keep the compiler from fusing
-			sumq2 += float32(wq * qv)
+			q[j] = uint8(bestIndexIQ4NL(float32(id * v)))
 		}
+		sumqx, sumq2 := iq4nlSums(x, &q)
 		if sumq2 > 0 {
 			d = sumqx / sumq2
 		}
@@ -543,9 +533,80 @@ func llamaQuantizeIQ4NL(x []float32, dst []byte) bool {
 func llamaDequantizeIQ4NL(src []byte, dst []float32) {
 	d := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src))
 	dst = dst[:GGMLBlock]
+	if useSIMD {
+		iq4nlDecAVX2((*[GGMLBlock]float32)(dst), (*[GGMLBlock / 2]byte)(src[2:2+GGMLBlock/2]), d)
+		return
+	}
 	for j, b := range src[2 : 2+16] {
 		dst[j] = d * iq4nlValues[b&0xf]
 		dst[j+16] = d * iq4nlValues[b>>4]
+	}
+}
+
+// llamaQuantizeIQ4NLRun and llamaDequantizeIQ4NLRun are llamaQuantizeIQ4NL
+// and llamaDequantizeIQ4NL over whole consecutive blocks (engineFormat's
+// runs; k unused).
+func llamaQuantizeIQ4NLRun(x []float32, dst []byte, _ float32) (nonFinite bool, _ int) {
+	i, nb := 0, len(x)/GGMLBlock
+	if useSIMD {
+		// two blocks a kernel where both take llamaQuantizeIQ4NL's kernel:
+		// the same arithmetic, the two blocks' sums added side by side
+		for ; i+2 <= nb; i += 2 {
+			a, b := x[i*GGMLBlock:(i+1)*GGMLBlock], x[(i+1)*GGMLBlock:(i+2)*GGMLBlock]
+			ida, oka := iq4nlID(a)
+			idb, okb := iq4nlID(b)
+			if !oka || !okb {
+				nonFinite = llamaQuantizeIQ4NL(a, dst[i*18:(i+1)*18]) || nonFinite
+				nonFinite = llamaQuantizeIQ4NL(b, dst[(i+1)*18:(i+2)*18]) || nonFinite
+				continue
+			}
+			d := dst[i*18 : (i+2)*18]
+			s := iq4nlQuant2AVX2(&d[2], (*[2 * GGMLBlock]float32)(x[i*GGMLBlock:(i+2)*GGMLBlock]), ida, idb)
+			iq4nlPutScale(d, s[0], s[1])
+			iq4nlPutScale(d[18:], s[2], s[3])
+		}
+	}
+	for ; i < nb; i++ {
+		nonFinite = llamaQuantizeIQ4NL(x[i*GGMLBlock:(i+1)*GGMLBlock], dst[i*18:(i+1)*18]) || nonFinite
+	}
+	return nonFinite, 0
+}
+
+// iq4nlSums are a block's weighted sums of its codes q: w = x², sumqx =
+// Σ w·q·x, sumq2 = Σ w·q·q, in float32 in element order.
+func iq4nlSums(x []float32, q *[GGMLBlock]uint8) (sumqx, sumq2 float32) {
+	for j, v := range x[:GGMLBlock] {
+		qv := iq4nlValues[q[j]&15]
+		w := float32(v * v)
+		wq := float32(w * qv)
+		sumqx += float32(wq * v) // the conversions keep the compiler from fusing
+		sumq2 += float32(wq * qv)
+	}
+	return sumqx, sumq2
+}
+
+// iq4nlID is a block's id = 1/d0 where it takes the kernel (finite, amax
+// >= 1e-15), as llamaQuantizeIQ4NL computes it.
+func iq4nlID(x []float32) (id float32, ok bool) {
+	imax, abits := argAbsMax32(x)
+	if abits >= 0x7f800000 || !(math.Float32frombits(abits) >= 1e-15) {
+		return 0, false
+	}
+	return 1 / (x[imax] / float32(kvaluesIQ4NL[0])), true
+}
+
+// iq4nlPutScale stores d = sumqx/sumq2 (0 unless sumq2 > 0) as fp16.
+func iq4nlPutScale(dst []byte, sumqx, sumq2 float32) {
+	var d float32
+	if sumq2 > 0 {
+		d = sumqx / sumq2
+	}
+	binary.LittleEndian.PutUint16(dst, safetensors.Float32ToFP16(d))
+}
+
+func llamaDequantizeIQ4NLRun(src []byte, dst []float32, _ float32) {
+	for i := 0; i < len(dst)/GGMLBlock; i++ {
+		llamaDequantizeIQ4NL(src[i*18:(i+1)*18], dst[i*GGMLBlock:(i+1)*GGMLBlock])
 	}
 }
 

@@ -181,13 +181,14 @@ func e2m1Value(c uint8) float32 {
 
 // candidate is one block scale: SF before the conversion, its E4M3
 // byte and the output scale, for the block max vecMax, the global scale g
-// and the reciprocal rcpDen of the largest code the block maps to.
-func (w nvfp4Writer) candidate(vecMax, g, rcpDen float32) (sf float32, sfByte uint8, os float32) {
+// (rg its rcpApproxFTZ) and the reciprocal rcpDen of the largest code the
+// block maps to.
+func (w nvfp4Writer) candidate(vecMax, g, rg, rcpDen float32) (sf float32, sfByte uint8, os float32) {
 	sf = g * float32(vecMax*rcpDen)
 	sfByte = fp8E4M3.encode(sf)
 	narrow := fp8E4M3.decode[sfByte]
 	if w.guardVecMax && vecMax != 0 || !w.guardVecMax && narrow != 0 {
-		os = rcpApproxFTZ(float32(narrow * rcpApproxFTZ(g)))
+		os = rcpApproxFTZ(float32(narrow * rg))
 	}
 	return sf, sfByte, os
 }
@@ -198,10 +199,7 @@ func (w nvfp4Writer) candidate(vecMax, g, rcpDen float32) (sf float32, sfByte ui
 // (fma(x, x, y*y) when os is 0), summed in float32 from the first pair
 // on; q is round_to_nearest_e2m1 of x*os, dq = rcp(os).
 func fourSixError(x []float32, os float32) float32 {
-	var dq float32
-	if os != 0 {
-		dq = rcpApproxFTZ(os)
-	}
+	dq := fourSixDQ(os)
 	var sum float32
 	if useSIMD && os != 0 && absMaxBits(x[:nvfp4Block]) < 0x7f800000 {
 		// finite x·os is never NaN, so nvfp4Code is e2m1RNE: its codes from
@@ -243,6 +241,14 @@ func fourSixError(x []float32, os float32) float32 {
 	return sum
 }
 
+// fourSixDQ is fourSixError's dq = rcp(os), 0 where os is 0.
+func fourSixDQ(os float32) float32 {
+	if os == 0 {
+		return 0
+	}
+	return rcpApproxFTZ(os)
+}
+
 // quantize writes one block of 16 values with the global scale 1/k into
 // dst (nvfp4Bytes), and reports whether x held a NaN or an Inf and how
 // many values the block clamped: those past ±6 times the block's scale
@@ -254,11 +260,26 @@ func (w nvfp4Writer) quantize(x []float32, dst []byte, k float32) (nonFinite boo
 	top := absMaxBits(x)
 	vecMax := math.Float32frombits(top)
 	g := 1 / k
-	sf, sfByte, os := w.candidate(vecMax, g, nvfp4Rcp6)
+	rg := rcpApproxFTZ(g)
+	sf, sfByte, os := w.candidate(vecMax, g, rg, nvfp4Rcp6)
 	if w.fourOverSix {
 		// nvfp4_candidate_scale(..., 4.0f): rcp.approx.ftz(4) is 0.25, a
 		// multiplication by 0.25 in the binary; ties keep /6
-		sf4, sfByte4, os4 := w.candidate(vecMax, g, 0.25)
+		sf4, sfByte4, os4 := w.candidate(vecMax, g, rg, 0.25)
+		if useSIMD && haveFMA && top < 0x7f800000 && max(math.Float32bits(os4), math.Float32bits(os)) < 0x7f800000 {
+			// finite values and output scales (≥ 0): both errors, the choice and
+			// its codes in one kernel, each FFMA a single-rounding VFMADD
+			_, _, past6, four := nvfp4FourSixAVX2((*[nvfp4Block / 2]byte)(dst[:nvfp4Block/2]), (*[nvfp4Block]float32)(x),
+				os4, fourSixDQ(os4), os, fourSixDQ(os))
+			if four {
+				sf, sfByte = sf4, sfByte4
+			}
+			if sf > 464 {
+				saturated = bits.OnesCount32(past6)
+			}
+			dst[nvfp4Block/2] = sfByte
+			return false, saturated
+		}
 		if fourSixError(x, os4) < fourSixError(x, os) {
 			sf, sfByte, os = sf4, sfByte4, os4
 		}
@@ -296,5 +317,22 @@ func nvfp4Dequantize(src []byte, dst []float32, k float32) {
 	}
 	for i := range dst[:nvfp4Block] {
 		dst[i] = e2m1Value(src[i/2]>>(4*(i&1))&0xf) * sf * k
+	}
+}
+
+// quantizeRun is quantize over whole consecutive blocks (engineFormat's
+// quantizeRun).
+func (w nvfp4Writer) quantizeRun(x []float32, dst []byte, k float32) (nonFinite bool, saturated int) {
+	for i := 0; i < len(x)/nvfp4Block; i++ {
+		nf, n := w.quantize(x[i*nvfp4Block:(i+1)*nvfp4Block], dst[i*nvfp4Bytes:(i+1)*nvfp4Bytes], k)
+		nonFinite, saturated = nonFinite || nf, saturated+n
+	}
+	return nonFinite, saturated
+}
+
+// nvfp4DequantizeRun is nvfp4Dequantize over whole consecutive blocks.
+func nvfp4DequantizeRun(src []byte, dst []float32, k float32) {
+	for i := 0; i < len(dst)/nvfp4Block; i++ {
+		nvfp4Dequantize(src[i*nvfp4Bytes:(i+1)*nvfp4Bytes], dst[i*nvfp4Block:(i+1)*nvfp4Block], k)
 	}
 }

@@ -411,6 +411,17 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 		l.q.encodeAll(j, xp, qlo, qhi)
 		return x, nil
 	}
+	if f := l.q.engine; f != nil && f.quantizeRun != nil && l.runs() {
+		bb := l.blockBytes
+		nonFinite, n := f.quantizeRun(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], float32(l.s.Scale))
+		if n > 0 {
+			j.saturated.Add(int64(n))
+		}
+		if nonFinite && l.rot == 0 {
+			return nil, notFinite() // as encodeEngine refuses it
+		}
+		return x, nil
+	}
 	encode := l.q.encode
 	err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
 		err := encode(j, xp[gs:ge], q[gs:ge], gi)
@@ -473,6 +484,9 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	}
 	if l.q.decodeAll != nil {
 		l.q.decodeAll(j, yp, qlo, qhi)
+	} else if f := l.q.engine; f != nil && f.dequantizeRun != nil && l.runs() {
+		bb := l.blockBytes
+		f.dequantizeRun(j.codes[qlo/l.group*bb:qhi/l.group*bb], yp[:qhi-qlo], float32(l.s.Scale))
 	} else {
 		decode := l.q.decode
 		err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {

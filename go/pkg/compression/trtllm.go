@@ -98,7 +98,8 @@ var trtllmNVFP4 = &engineFormat{name: "nvfp4", bits: 4, elems: nvfp4Block, bytes
 	flags: "kv_cache_config.dtype=nvfp4 (or a checkpoint's kv_cache_quant_algo NVFP4)",
 	source: "kernels/unfusedAttentionKernels/unfusedAttentionKernels_2_template.h (quantizeAndWriteFP4KVCache); " +
 		"kernels/quantization.cuh (cvt_warp_fp16_to_fp4, @2a0ce833); _torch/modules/linear.py (kv_scales, inv_kv_scales)",
-	quantizeScaled: nvfp4TRTLLM.quantize, dequantizeScaled: nvfp4Dequantize}
+	quantizeScaled: nvfp4TRTLLM.quantize, dequantizeScaled: nvfp4Dequantize,
+	quantizeRun: nvfp4TRTLLM.quantizeRun, dequantizeRun: nvfp4DequantizeRun}
 
 // encodeTRTFP8All: the multiplier rounded to the cache's dtype, the
 // product rounded to it, then the satfinite E4M3 conversion.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 
 	"kvlib/pkg/safetensors"
 )
@@ -207,7 +208,7 @@ func tqKeyQuantize(b int, x []float32, dst []byte) bool {
 		y[i] /= den
 	}
 	tqRotate(y)
-	mid := tqCentroidTables[[2]int{d, b}].mids
+	mid := tqTableOf(d, b).mids
 	codes := dst[:(d*b+7)/8]
 	var kbuf [512]int8
 	ks := kbuf[:]
@@ -414,12 +415,29 @@ func decodeTQKeyFP8(j *tensorJob, y []float32, qlo, qhi int) {
 
 // tqCentroids is vLLM's centroid table for head_dim d and b bits (nil: none held).
 func tqCentroids(d, b int) []float32 {
-	t, ok := tqCentroidTables[[2]int{d, b}]
-	if !ok {
-		return nil
-	}
-	return t.values
+	return tqTableOf(d, b).values
 }
+
+// tqTableOf is tqCentroidTables[{d, b}] (zero: none held), read from
+// tqTableIndex, as each head vector looks its table up (no map hash).
+func tqTableOf(d, b int) *tqTable {
+	k := bits.Len(uint(d)) - 5 // d = 16 ... 512: 0 ... 5
+	if b < 3 || b > 4 || k < 0 || k >= len(tqTableIndex) || d != 16<<k {
+		t := tqCentroidTables[[2]int{d, b}] // none: the zero table
+		return &t
+	}
+	return &tqTableIndex[k][b-3]
+}
+
+// tqTableIndex holds tqCentroidTables by log2(d) - 4 and b - 3.
+var tqTableIndex = func() (t [6][2]tqTable) {
+	for k := range t {
+		for b := range t[k] {
+			t[k][b] = tqCentroidTables[[2]int{16 << k, b + 3}]
+		}
+	}
+	return t
+}()
 
 // A tqTable is one centroid table, sorted, and its float32 midpoints
 // (c_k + c_k+1)/2, as turboquant_attn.py:471-472 computes them.

@@ -169,7 +169,8 @@ var vllm = &engine{
 var vllmNVFP4 = &engineFormat{name: "nvfp4", bits: 4, elems: nvfp4Block, bytes: nvfp4Bytes, scaled: true, scaleMax: nvfp4ScaleMax, evidence: EvidenceRead,
 	source: "csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu (reshape_and_cache_nvfp4_dispatch, reshape_and_cache_nvfp4_kernel DEFAULT); " +
 		"csrc/libtorch_stable/quantization/fp4/nvfp4_utils.cuh (cvt_warp_fp16_to_fp4); checked against the wheel's SM100 SASS",
-	quantizeScaled: nvfp4VLLM.quantize, dequantizeScaled: nvfp4Dequantize}
+	quantizeScaled: nvfp4VLLM.quantize, dequantizeScaled: nvfp4Dequantize,
+	quantizeRun: nvfp4VLLM.quantizeRun, dequantizeRun: nvfp4DequantizeRun}
 
 // vllmNVFP4FourOverSix is vLLM 0.33.0's --kv-cache-dtype nvfp4_4over6
 // (NVFP4KVScaleSearch::FOUR_OVER_SIX, "selects between max/6
@@ -195,7 +196,8 @@ var vllmNVFP4 = &engineFormat{name: "nvfp4", bits: 4, elems: nvfp4Block, bytes: 
 var vllmNVFP4FourOverSix = &engineFormat{name: "nvfp4_4over6", bits: 4, elems: nvfp4Block, bytes: nvfp4Bytes, scaled: true, scaleMax: nvfp4ScaleMax, evidence: EvidenceRead,
 	source: "csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu (cvt_warp_fp16_to_fp4_4over6, nvfp4_candidate_scale, " +
 		"nvfp4_reconstruction_error, round_to_nearest_e2m1; FOUR_OVER_SIX); config/cache.py (the dtype's docstring); checked against the wheel's SM100 SASS",
-	quantizeScaled: nvfp4VLLM4over6.quantize, dequantizeScaled: nvfp4Dequantize}
+	quantizeScaled: nvfp4VLLM4over6.quantize, dequantizeScaled: nvfp4Dequantize,
+	quantizeRun: nvfp4VLLM4over6.quantizeRun, dequantizeRun: nvfp4DequantizeRun}
 
 // An fp8Format is one of the OCP 8-bit float formats, as NVIDIA's
 // satfinite conversion writes it.

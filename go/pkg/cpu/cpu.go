@@ -9,5 +9,6 @@ package cpu
 var X86 struct {
 	AVX2    bool // 256-bit integer and float vectors (Haswell, 2013, and later)
 	F16C    bool // VCVTPH2PS / VCVTPS2PH: eight halves per instruction (Ivy Bridge, 2012, and later)
+	FMA     bool // VFMADD*PS/PD: a*b + c rounded once (Haswell, Piledriver, and later)
 	AVX512F bool // 512-bit vectors, opmasks, gathers and VPEXPANDD (Skylake-SP, Zen 4, and later)
 }

@@ -31,7 +31,7 @@ func TestFeaturesAgreeWithTheKernel(t *testing.T) {
 	if flags == nil {
 		t.Skip("no flags line in /proc/cpuinfo")
 	}
-	for name, got := range map[string]bool{"avx2": X86.AVX2, "f16c": X86.F16C, "avx512f": X86.AVX512F} {
+	for name, got := range map[string]bool{"avx2": X86.AVX2, "f16c": X86.F16C, "fma": X86.FMA, "avx512f": X86.AVX512F} {
 		if got != flags[name] {
 			t.Errorf("%s: detected %v, the kernel lists %v", name, got, flags[name])
 		}
