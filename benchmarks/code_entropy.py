@@ -70,12 +70,26 @@ def _bits(ctx: np.ndarray, sym: np.ndarray, contexts: int, alphabet: int) -> flo
         return float(-(c * np.log2(np.where(c > 0, c / np.maximum(n, 1), 1))).sum())
 
 
-CONTEXTS = ("tensor", "head", "channel", "head, channel", "head, channel, previous token")
+CONTEXTS = ("tensor", "head", "channel", "head, channel", "head, channel, previous token",
+            "head, channel class, previous token")
+TABLE_ENTRY_BITS = 10  # a static table's frequency, as context_entropy(tables=True) prices it
+CLASSES = 4  # channel classes a head: its channels ranked by their mean code, cut in this many equal parts
 
 
-def context_entropy(path: str) -> dict[str, float]:
+def channel_classes(q: np.ndarray, k: int = CLASSES) -> np.ndarray:
+    """[heads, head_dim] class of each channel: the rank of its mean code within its head, in k parts
+    (a map of log2 k bits a channel; with a table per class and previous code, few tables where
+    (head, channel, previous token) would need heads x head_dim x alphabet of them)."""
+    _, h, _, d = q.shape
+    rank = np.argsort(np.argsort(q.mean(axis=(0, 2)), axis=1, kind="stable"), axis=1, kind="stable")
+    return rank * k // d
+
+
+def context_entropy(path: str, tables: bool = False) -> dict[str, float]:
     """Bits per code of a (4-D, non-entropy-coded) kvq file's codes under each context the wire stage
-    could model (docs/kv-compress/lossless.md): which context is worth its tables."""
+    could model (docs/kv-compress/lossless.md): which context is worth its tables. With ``tables``,
+    each context's figure also counts its static tables at TABLE_ENTRY_BITS an entry (and the class
+    map at log2(CLASSES) bits a channel), as a stream would have to carry them."""
     total, n = dict.fromkeys(CONTEXTS, 0.0), 0
     with safe_open(path, "np") as f:
         for ti in json.loads(f.metadata()["kvq.tensors"]):
@@ -84,9 +98,13 @@ def context_entropy(path: str) -> dict[str, float]:
             hh = np.broadcast_to(np.arange(h)[None, :, None, None], q.shape)
             dd = np.broadcast_to(np.arange(d)[None, None, None, :], q.shape)
             prev = np.concatenate([np.zeros_like(q[:, :, :1]), q[:, :, :-1]], 2)
-            for name, ctx, k in zip(CONTEXTS, (np.zeros_like(q), hh, dd, hh * d + dd, (hh * d + dd) * a + prev),
-                                    (1, h, d, h * d, h * d * a)):
+            cls = np.broadcast_to(channel_classes(q)[None, :, None, :], q.shape)
+            for name, ctx, k in zip(CONTEXTS, (np.zeros_like(q), hh, dd, hh * d + dd, (hh * d + dd) * a + prev,
+                                               (hh * CLASSES + cls) * a + prev),
+                                    (1, h, d, h * d, h * d * a, h * CLASSES * a)):
                 total[name] += _bits(ctx, q, k, a)
+                if tables:
+                    total[name] += k * a * TABLE_ENTRY_BITS + (h * d * np.log2(CLASSES) if "class" in name else 0)
             n += q.size
     return {k: v / n for k, v in total.items()}
 
@@ -95,4 +113,6 @@ if __name__ == "__main__":
     import sys
 
     for p in sys.argv[1:]:
-        print(p, "  ".join(f"{k}: {v:.3f}" for k, v in context_entropy(p).items()))
+        for tables in (False, True):
+            print(p, "with tables" if tables else "codes alone",
+                  "  ".join(f"{k}: {v:.3f}" for k, v in context_entropy(p, tables).items()))
