@@ -71,6 +71,13 @@ def _row(r: dict[str, Any], cheapest: str | None, beside: bool = True) -> str:
             + (f" {other} |" if beside else ""))
 
 
+def _fresh(r: dict[str, Any]) -> str:
+    """The confirmation of an option on fresh windows, as the summary shows it ("not run" without one)."""
+    c = r.get("confirmation")
+    return (f"{_num(c['context_delta'], '+.4f')} {_ci(c['ci_low'], c['ci_high'])} on {c['windows']}"
+            if c else "not run")
+
+
 def markdown(tables: dict[str, Any]) -> str:
     """Each engine's table (passing options by bits, then the failing, then the unavailable), and
     with more than one engine, the cheapest passing option of each."""
@@ -87,11 +94,11 @@ def markdown(tables: dict[str, Any]) -> str:
     best = sorted(((next(r for r in t["rows"] if r["option"] == t["cheapest"]), e) for e, t in tables.items()
                    if t["cheapest"]), key=lambda x: (x[0]["bits_per_element"], x[0]["context_delta"]))
     if len(tables) > 1:
-        out += ["| engine | cheapest option that passes robustly | flags | bits/el | Δ gated [95 % CI] |",
-                "|---|---|---|---|---|"]
+        out += ["| engine | cheapest option that passes robustly | flags | bits/el | Δ gated [95 % CI] "
+                "| on fresh windows [95 % CI] |", "|---|---|---|---|---|---|"]
         out += [f"| {e} | `{r['option']}` | `{r['flags']}` | {r['bits_per_element']:.3g} | "
-                f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} |" for r, e in best]
-        out += [f"| {e} | none passes robustly | | | |" for e, t in tables.items() if not t["cheapest"]]
+                f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} | {_fresh(r)} |" for r, e in best]
+        out += [f"| {e} | none passes robustly | | | | |" for e, t in tables.items() if not t["cheapest"]]
     return "\n".join(out) + "\n"
 
 
