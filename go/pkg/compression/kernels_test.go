@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand"
 	"slices"
+	"strings"
 	"testing"
 
 	"kvlib/pkg/safetensors"
@@ -100,38 +101,38 @@ func kernelRuns() map[string]kernelRun {
 			return fmt.Sprint(math.Float32bits(lo), math.Float32bits(hi), ab)
 		},
 		"quantSym": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for bits := 2; bits <= 8; bits++ {
 				for _, sc := range scales {
 					c := make([]int8, len(x))
 					quantSym(c, x, sc, int32(1)<<(bits-1)-1)
-					s += fmt.Sprint(c)
+					s.WriteString(fmt.Sprint(c))
 				}
 			}
-			return s
+			return s.String()
 		},
 		"quantAsym": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for bits := 2; bits <= 8; bits++ {
 				for _, sc := range scales {
 					c := make([]int8, len(x))
 					quantAsym(c, x, -0.75, sc, float32(int(1)<<bits-1))
-					s += fmt.Sprint(c)
+					s.WriteString(fmt.Sprint(c))
 				}
 			}
-			return s
+			return s.String()
 		},
 		"dequant": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, bits := range []int{2, 4, 8} {
 				c := codesFor(r, len(x), bits)
 				y := make([]float32, len(x))
 				dequantSym(y, c, 0.0371)
-				s += bitsOf(y)
+				s.WriteString(bitsOf(y))
 				dequantAsym(y, c, uint8(1<<bits-1), 0.0371, -1.25)
-				s += bitsOf(y)
+				s.WriteString(bitsOf(y))
 			}
-			return s
+			return s.String()
 		},
 		"Accumulator.Add": func(x []float32, r *rand.Rand) string {
 			y := make([]float32, len(x))
@@ -148,29 +149,29 @@ func kernelRuns() map[string]kernelRun {
 			return string(b) + fmt.Sprint(math.Float64bits(a.SumX2), math.Float64bits(a.SumE2), math.Float64bits(a.SumXY))
 		},
 		"Pack": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, bits := range []int{2, 3, 4, 8} {
 				c := codesFor(r, len(x), bits)
 				d := make([]byte, PackedLen(len(c), bits))
 				Pack(d, c, bits)
-				s += fmt.Sprint(d)
+				s.WriteString(fmt.Sprint(d))
 			}
-			return s
+			return s.String()
 		},
 		"ggml": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for i := 0; i+GGMLBlock <= len(x); i += GGMLBlock {
 				b := x[i : i+GGMLBlock]
 				imax, ab := argAbsMax32(b)
-				s += fmt.Sprint(imax, ab)
+				s.WriteString(fmt.Sprint(imax, ab))
 				var q [GGMLBlock]uint8
 				for _, id := range []float32{0, 0.75, 3.5e4, float32(math.Inf(1))} {
 					offsetCodes32(&q, b, 0, id, 8.5, 15)
-					s += fmt.Sprint(q)
+					s.WriteString(fmt.Sprint(q))
 					offsetCodes32(&q, b, -1.5, id, 0.5, 31)
-					s += fmt.Sprint(q)
+					s.WriteString(fmt.Sprint(q))
 					roundCodes32(&q, b, id)
-					s += fmt.Sprint(q)
+					s.WriteString(fmt.Sprint(q))
 				}
 				for _, m := range []Method{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0} {
 					blk := make([]byte, GGMLBlockBytes(m))
@@ -179,13 +180,13 @@ func kernelRuns() map[string]kernelRun {
 					if err == nil {
 						err = DequantizeBlockGGML(m, blk, y)
 					}
-					s += fmt.Sprint(blk, err) + bitsOf(y)
+					s.WriteString(fmt.Sprint(blk, err) + bitsOf(y))
 				}
 			}
-			return s
+			return s.String()
 		},
 		"transpose": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, rc := range [][2]int{{8, 8}, {16, 8}, {8, 24}, {3, 8}, {8, 5}, {40, 16}} {
 				m := rc[0] * rc[1]
 				if len(x) < m {
@@ -194,60 +195,60 @@ func kernelRuns() map[string]kernelRun {
 				src := x[:len(x)/m*m]
 				dst := make([]float32, len(src))
 				transpose(dst, src, rc[0], rc[1])
-				s += bitsOf(dst)
+				s.WriteString(bitsOf(dst))
 			}
-			return s
+			return s.String()
 		},
 		"clampAbs": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, lim := range []float32{65504, 0x1.fep127, 1} {
 				v := slices.Clone(x)
 				clampAbs(v, lim)
-				s += bitsOf(v)
+				s.WriteString(bitsOf(v))
 			}
-			return s
+			return s.String()
 		},
 		"lloydMax": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for bits := MinLMBits; bits <= MaxLMBits; bits++ {
 				c := make([]int8, len(x))
 				h, err := QuantizeGroupLM(x, bits, c)
-				s += fmt.Sprint(h, err, c)
+				s.WriteString(fmt.Sprint(h, err, c))
 				for _, sc := range scales {
 					var tb lmTables
 					lmBooks[bits].tables(sc, &tb)
 					if firstNonFinite(x) < 0 { // the quantizer refuses NaN and Inf before any sum
-						s += fmt.Sprint(math.Float32bits(tb.sqErr(x, 1<<bits)))
+						s.WriteString(fmt.Sprint(math.Float32bits(tb.sqErr(x, 1<<bits))))
 					}
 					y := make([]float32, len(x))
 					DequantizeGroupLM(y, codesFor(r, len(x), bits), bits, safetensors.Float32ToFP16(sc))
-					s += bitsOf(y)
+					s.WriteString(bitsOf(y))
 				}
 			}
-			return s
+			return s.String()
 		},
 		"RotateRows": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, d := range []int{1, 2, 4, 8, 16, 64, 128} {
 				v := slices.Clone(x[:len(x)/d*d])
 				RotateRows(v, d)
-				s += bitsOf(v)
+				s.WriteString(bitsOf(v))
 			}
-			return s
+			return s.String()
 		},
 		"sylvester": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for b := 1; b <= len(x) && b <= 1024; b <<= 1 {
 				v := slices.Clone(x[:b])
 				sylvesterButterfly(v)
-				s += bitsOf(v)
+				s.WriteString(bitsOf(v))
 				tqRotate(v)
-				s += bitsOf(v)
+				s.WriteString(bitsOf(v))
 			}
-			return s
+			return s.String()
 		},
 		"nvfp4": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for i := 0; i+nvfp4Block <= len(x); i += nvfp4Block {
 				for _, w := range []nvfp4Writer{nvfp4VLLM, nvfp4VLLM4over6, nvfp4TRTLLM} {
 					for _, k := range []float32{1, 0.37, 1e-3, 3e4} {
@@ -255,10 +256,10 @@ func kernelRuns() map[string]kernelRun {
 						nf, sat := w.quantize(x[i:i+nvfp4Block], blk, k)
 						y := make([]float32, nvfp4Block)
 						nvfp4Dequantize(blk, y, k)
-						s += fmt.Sprint(nf, sat, blk) + bitsOf(y)
+						s.WriteString(fmt.Sprint(nf, sat, blk) + bitsOf(y))
 						r.Read(blk)
 						nvfp4Dequantize(blk, y, k)
-						s += bitsOf(y)
+						s.WriteString(bitsOf(y))
 					}
 				}
 			}
@@ -268,15 +269,15 @@ func kernelRuns() map[string]kernelRun {
 				nf, sat := w.quantizeRun(v, run, 0.37)
 				y := make([]float32, len(v))
 				nvfp4DequantizeRun(run, y, 0.37)
-				s += fmt.Sprint(nf, sat, run) + bitsOf(y)
+				s.WriteString(fmt.Sprint(nf, sat, run) + bitsOf(y))
 			}
-			return s
+			return s.String()
 		},
 		"nvfp4FourSix": func(x []float32, r *rand.Rand) string {
 			// the kernel of nvfp4_4over6's choice against fourSixError, on finite
 			// blocks and the output scales candidate gives (0, normal, Inf), the
 			// finite ones taken by the kernel
-			var s string
+			var s strings.Builder
 			for i := 0; i+nvfp4Block <= len(x); i += nvfp4Block {
 				blk := x[i : i+nvfp4Block]
 				if absMaxBits(blk) >= 0x7f800000 {
@@ -317,23 +318,23 @@ func kernelRuns() map[string]kernelRun {
 								}
 							}
 						}
-						s += fmt.Sprint(math.Float32bits(e4), math.Float32bits(e6), past6, four, c)
+						s.WriteString(fmt.Sprint(math.Float32bits(e4), math.Float32bits(e6), past6, four, c))
 					}
 				}
 			}
-			return s
+			return s.String()
 		},
 		"mx": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for i := 0; i+kvfp4Block <= len(x); i += kvfp4Block {
 				blk := make([]byte, kvfp4Bytes)
 				nf := sglangQuantizeFP4(x[i:i+kvfp4Block], blk)
 				y := make([]float32, kvfp4Block)
 				sglangDequantizeFP4(blk, y)
-				s += fmt.Sprint(nf, blk) + bitsOf(y)
+				s.WriteString(fmt.Sprint(nf, blk) + bitsOf(y))
 				r.Read(blk)
 				sglangDequantizeFP4(blk, y)
-				s += bitsOf(y)
+				s.WriteString(bitsOf(y))
 			}
 			for _, el := range []mxElement{mxFP4, mxFP8} {
 				quant, dequant := mxQuantizer(el), mxDequantizer(el)
@@ -346,16 +347,16 @@ func kernelRuns() map[string]kernelRun {
 					nf := quant(x[i:i+mxBlock], blk)
 					y := make([]float32, mxBlock)
 					dequant(blk, y)
-					s += fmt.Sprint(nf, blk) + bitsOf(y)
+					s.WriteString(fmt.Sprint(nf, blk) + bitsOf(y))
 					r.Read(blk)
 					dequant(blk, y)
-					s += bitsOf(y)
+					s.WriteString(bitsOf(y))
 				}
 			}
-			return s
+			return s.String()
 		},
 		"turboquant": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, d := range []int{16, 32, 64, 128} {
 				for i := 0; i+d <= len(x); i += d {
 					for _, b := range []int{3, 4} {
@@ -363,27 +364,27 @@ func kernelRuns() map[string]kernelRun {
 						nf := tqKeyQuantize(b, x[i:i+d], blk)
 						y := make([]float32, d)
 						tqKeyDequantize(b, blk, y)
-						s += fmt.Sprint(nf, blk) + bitsOf(y)
+						s.WriteString(fmt.Sprint(nf, blk) + bitsOf(y))
 						vb := make([]byte, (d*b+7)/8+4)
 						nf = tqValueQuantize(b, x[i:i+d], vb)
 						tqValueDequantize(b, vb, y)
-						s += fmt.Sprint(nf, vb) + bitsOf(y)
+						s.WriteString(fmt.Sprint(nf, vb) + bitsOf(y))
 					}
 				}
 			}
-			return s
+			return s.String()
 		},
 		"iq4nl": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for i := 0; i+GGMLBlock <= len(x); i += GGMLBlock {
 				blk := make([]byte, 18)
 				nf := llamaQuantizeIQ4NL(x[i:i+GGMLBlock], blk)
 				y := make([]float32, GGMLBlock)
 				llamaDequantizeIQ4NL(blk, y)
-				s += fmt.Sprint(nf, blk) + bitsOf(y)
+				s.WriteString(fmt.Sprint(nf, blk) + bitsOf(y))
 				r.Read(blk) // any scale: NaN, Inf, subnormal
 				llamaDequantizeIQ4NL(blk, y)
-				s += bitsOf(y)
+				s.WriteString(bitsOf(y))
 			}
 			// the kernels' sums themselves, in float32 (the stored fp16 scale
 			// hides most of their last bits), on x and on ordinary values,
@@ -421,7 +422,7 @@ func kernelRuns() map[string]kernelRun {
 						}
 					}
 				}
-				s += fmt.Sprint(bitsOf(sums[:]), d)
+				s.WriteString(fmt.Sprint(bitsOf(sums[:]), d))
 			}
 			for _, off := range []int{0, GGMLBlock} { // runs of blocks, pairs at either parity
 				if len(x) < off {
@@ -432,7 +433,7 @@ func kernelRuns() map[string]kernelRun {
 				nf, _ := llamaQuantizeIQ4NLRun(v, run, 0)
 				y := make([]float32, len(v))
 				llamaDequantizeIQ4NLRun(run, y, 0)
-				s += fmt.Sprint(nf, run) + bitsOf(y)
+				s.WriteString(fmt.Sprint(nf, run) + bitsOf(y))
 			}
 			// blocks whose id is 1 (max -127): each x·id on, just below and
 			// just above a midpoint
@@ -447,7 +448,7 @@ func kernelRuns() map[string]kernelRun {
 				b := append([]float32{-127}, on[i:i+GGMLBlock-1]...)
 				blk := make([]byte, 18)
 				nf := llamaQuantizeIQ4NL(b, blk)
-				s += fmt.Sprint(nf, blk)
+				s.WriteString(fmt.Sprint(nf, blk))
 			}
 			for _, m := range iq4nlMids { // each id·v on, just below and just above a midpoint
 				for _, v := range []float32{m, math.Nextafter32(m, -200), math.Nextafter32(m, 200)} {
@@ -463,13 +464,13 @@ func kernelRuns() map[string]kernelRun {
 							c[j] = int8(bestIndexIQ4NL(y[j]))
 						}
 					}
-					s += fmt.Sprint(c)
+					s.WriteString(fmt.Sprint(c))
 				}
 			}
-			return s
+			return s.String()
 		},
 		"int4": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, d := range []int{8, 16, 64, 128} {
 				for i := 0; i+d <= len(x); i += d {
 					for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16} {
@@ -477,23 +478,23 @@ func kernelRuns() map[string]kernelRun {
 						nf := vllmInt4Quantize(x[i:i+d], blk, dt)
 						y := make([]float32, d)
 						vllmInt4Dequantize(blk, y)
-						s += fmt.Sprint(nf, blk) + bitsOf(y)
+						s.WriteString(fmt.Sprint(nf, blk) + bitsOf(y))
 					}
 				}
 			}
-			return s
+			return s.String()
 		},
 		"e4m3": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1))} {
 				c := make([]uint8, len(x))
 				n := e4m3Encode(c, x, mul)
 				for i, v := range x[n:] {
 					c[n+i] = fp8E4M3.encode(float32(v * mul))
 				}
-				s += fmt.Sprint(c)
+				s.WriteString(fmt.Sprint(c))
 			}
-			return s
+			return s.String()
 		},
 		"rn16s": func(x []float32, r *rand.Rand) string {
 			v := slices.Clone(x)
@@ -501,7 +502,7 @@ func kernelRuns() map[string]kernelRun {
 			return bitsOf(v)
 		},
 		"exllama": func(x []float32, r *rand.Rand) string {
-			var s string
+			var s strings.Builder
 			for bits := 2; bits <= 8; bits++ {
 				quant, dequant := exl3Quantizer(bits), exl3Dequantizer(bits)
 				size := 4*bits + 2
@@ -510,11 +511,11 @@ func kernelRuns() map[string]kernelRun {
 					nf := quant(x[i:i+exl3Group], blk)
 					y := make([]float32, exl3Group)
 					dequant(blk, y)
-					s += fmt.Sprint(nf, blk) + bitsOf(y)
+					s.WriteString(fmt.Sprint(nf, blk) + bitsOf(y))
 					r.Read(blk[:size-2])
 					binary.LittleEndian.PutUint16(blk[size-2:], uint16(r.Intn(0x7c01))) // up to Inf
 					dequant(blk, y)
-					s += bitsOf(y)
+					s.WriteString(bitsOf(y))
 				}
 			}
 			// Finite fp16 scales and Inf (a NaN scale's payload is the F16C read's, either way).
@@ -527,16 +528,16 @@ func kernelRuns() map[string]kernelRun {
 					nf := quant(x[i:i+exl2Chunk], blk)
 					y := make([]float32, exl2Chunk)
 					dequant(blk, y)
-					s += fmt.Sprint(nf, blk) + bitsOf(y)
+					s.WriteString(fmt.Sprint(nf, blk) + bitsOf(y))
 					r.Read(blk[:size-4])
 					for g := 0; g < 2; g++ {
 						binary.LittleEndian.PutUint16(blk[size-4+2*g:], scales[r.Intn(len(scales))])
 					}
 					dequant(blk, y)
-					s += bitsOf(y)
+					s.WriteString(bitsOf(y))
 				}
 			}
-			return s
+			return s.String()
 		},
 	}
 	return kernels
