@@ -69,15 +69,16 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 		wireCountPacked(counts, raw, w)
 	}
 	it := w.runIter(full, 0, len(syms))
+	var sub *[4][256]uint32
 	for i := 0; i < len(syms); {
 		n, c0, step := it.next()
 		seg := syms[i : i+n]
 		i += n
 		if step == 0 {
-			cs := counts[c0*A : (c0+1)*A]
-			for _, s := range seg {
-				cs[s]++
+			if sub == nil && n >= wireCountSplit {
+				sub = new([4][256]uint32)
 			}
+			wireCountRun(counts[c0*A:(c0+1)*A], seg, sub)
 			continue
 		}
 		for k, s := range seg {
@@ -86,16 +87,34 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 	}
 	var best *wireModel
 	bestBits := math.Inf(1)
+	lm := wireLog2Memos.Get().(*wireLog2Memo)
+	defer wireLog2Memos.Put(lm)
 	// The finest mode first where the alphabet is small (it is then most
 	// often the smallest), the coarsest first for bytes (whose fine tables
 	// are large); a mode whose ideal code (the counts' entropy, which no
 	// table reaches) and tables at their smallest (a bit an entry) come to
 	// no less than the best so far is not tried at any resolution.
+	var seen [4]bool
 	for mi := 0; mi <= full; mi++ {
 		mode := (full + mi) % (full + 1)
 		if A > 16 {
 			mode = mi
 		}
+		// A mode whose contexts are an earlier one's (with one channel a
+		// head, per channel is one context and per (head, channel) per
+		// head; with one head, per head is one context) repeats its
+		// candidates, none of which can then be strictly smaller.
+		same := mode
+		if w.d == 1 {
+			same &^= 2
+		}
+		if w.h == 1 {
+			same &^= 1
+		}
+		if seen[same] {
+			continue
+		}
+		seen[same] = true
 		nctx := w.contexts(mode)
 		prec := wirePrecision(w.bits) // lowered where the tables would outgrow the tensor
 		if w.n >= wireWideMin && prec > w.bits && w.bits < 8 {
@@ -137,7 +156,7 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 			}
 			for s, k := range cm[c*A : (c+1)*A] {
 				if k > 0 {
-					ideal[c*A+s] = math.Log2(tot / float64(k))
+					ideal[c*A+s] = lm.log2(tot, k)
 					entropy += float64(k) * ideal[c*A+s]
 				}
 			}
@@ -164,17 +183,25 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 					m.levels[c*A] = 1
 				}
 			}
+			tb := math.Inf(1)
+			for k, size := range m.tableSizes() {
+				if t := float64(8 * size); t < tb {
+					tb, m.egk = t, k
+				}
+			}
+			// The codes' bits are at least their entropy (Gibbs's
+			// inequality: the frequencies of the present symbols sum to at
+			// most M; the margin covers the two sums' rounding), so a
+			// candidate whose tables bring that to the best so far cannot
+			// beat it, and its frequencies are not worked out.
+			if entropy*(1-1e-6)-1+tb >= bestBits {
+				continue
+			}
 			m.setLevels()
 			var bits float64
 			for i, k := range cm {
 				if k > 0 {
 					bits += float64(k) * lg[m.fs[i]&0xffff]
-				}
-			}
-			tb := math.Inf(1)
-			for k, size := range m.tableSizes() {
-				if t := float64(8 * size); t < tb {
-					tb, m.egk = t, k
 				}
 			}
 			if bits+tb < bestBits {
@@ -183,8 +210,192 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 		}
 	}
 	best.cost = bestBits
-	best.buildEncode()
 	return best
+}
+
+// wireCountPackedRows is wireCountPacked for codes along tokens in
+// channel rows (of whole bytes, every byte's codes in one context): a
+// histogram of the bytes per context, four rows (four contexts) a step so
+// that a byte repeated along a row does not wait on its own count, then
+// each histogram's codes' margins.
+func wireCountPackedRows(counts []uint32, raw []byte, w wireShape) {
+	k := 8 / w.bits
+	A := 1 << w.bits
+	rowBytes := w.tq / k
+	rows := w.n / w.tq
+	nctx := w.h * w.d
+	raw = raw[:rows*rowBytes]
+	hist := make([][256]uint32, nctx)
+	for r := 0; r < rows; {
+		c := r % nctx
+		if r+4 > rows || c+4 > nctx { // the last rows, or four that wrap around the contexts: one by one
+			h := &hist[c]
+			for _, b := range raw[r*rowBytes : (r+1)*rowBytes] {
+				h[b]++
+			}
+			r++
+			continue
+		}
+		h := hist[c : c+4 : c+4]
+		r0 := raw[r*rowBytes : (r+1)*rowBytes]
+		r1 := raw[(r+1)*rowBytes : (r+2)*rowBytes]
+		r2 := raw[(r+2)*rowBytes : (r+3)*rowBytes]
+		r3 := raw[(r+3)*rowBytes : (r+4)*rowBytes]
+		r1, r2, r3 = r1[:len(r0)], r2[:len(r0)], r3[:len(r0)]
+		for j, b := range r0 {
+			h[0][b]++
+			h[1][r1[j]]++
+			h[2][r2[j]]++
+			h[3][r3[j]]++
+		}
+		r += 4
+	}
+	// the margins: for 4-bit codes, the 16x16 table's two; for 2-bit ones,
+	// per byte the count of each code among its four, two codes to a
+	// 64-bit word (wireFields2), by one multiply-add a byte
+	fields := wireFields2()
+	for hc := range hist {
+		hg := &hist[hc]
+		cs := counts[hc*A : (hc+1)*A]
+		if k == 2 {
+			var lo, hi [16]uint32
+			for x := range hi {
+				row := (*[16]uint32)(hg[16*x : 16*x+16])
+				var s uint32
+				for y, v := range row {
+					lo[y] += v
+					s += v
+				}
+				hi[x] = s
+			}
+			for y := range lo {
+				cs[y] += lo[y] + hi[y]
+			}
+			continue
+		}
+		var a01, a23 uint64
+		for b, v := range hg {
+			a01 += uint64(v) * fields[b][0]
+			a23 += uint64(v) * fields[b][1]
+		}
+		cs = cs[:4]
+		cs[0] += uint32(a01)
+		cs[1] += uint32(a01 >> 32)
+		cs[2] += uint32(a23)
+		cs[3] += uint32(a23 >> 32)
+	}
+}
+
+// wireFields2[b] counts the 2-bit codes of byte b by value: codes 0 and 1
+// in the low and high halves of the first word, 2 and 3 in the second's.
+var wireFields2 = sync.OnceValue(func() *[256][2]uint64 {
+	var t [256][2]uint64
+	for b := range t {
+		for q := 0; q < 4; q++ {
+			a := b >> (2 * q) & 3
+			t[b][a>>1] += 1 << (32 * (a & 1))
+		}
+	}
+	return &t
+})
+
+// wireCountPacked3 is wireCountPacked for 3-bit codes: a histogram of the
+// 6-bit pairs of codes per pair of channels, eight pairs (6 bytes) a
+// 64-bit read.
+func wireCountPacked3(counts []uint32, raw []byte, w wireShape) {
+	const A = 8
+	rowBytes, pairs := w.d*3/8, w.d/2
+	hist := make([][64]uint32, w.h*pairs)
+	rows := w.n / w.d
+	raw = raw[:rows*rowBytes]
+	for r, head := 0, 0; r < rows; head = (head + 1) % w.h {
+		h := hist[head*pairs : (head+1)*pairs]
+		for end := min(rows, r+w.tq); r < end; r++ {
+			for g, off := 0, r*rowBytes; g < pairs; g, off = g+8, off+6 {
+				var v uint64
+				if off+8 <= len(raw) {
+					v = binary.LittleEndian.Uint64(raw[off:])
+				} else { // the last group: its 6 bytes only
+					v = uint64(binary.LittleEndian.Uint32(raw[off:])) | uint64(binary.LittleEndian.Uint16(raw[off+4:]))<<32
+				}
+				hg := h[g : g+8 : g+8]
+				hg[0][v&63]++
+				hg[1][v>>6&63]++
+				hg[2][v>>12&63]++
+				hg[3][v>>18&63]++
+				hg[4][v>>24&63]++
+				hg[5][v>>30&63]++
+				hg[6][v>>36&63]++
+				hg[7][v>>42&63]++
+			}
+		}
+	}
+	for g := range hist {
+		c := 2 * g // context of the pair's first code: head*d + channel
+		for b, v := range &hist[g] {
+			if v != 0 {
+				counts[c*A+(b&7)] += v
+				counts[(c+1)*A+(b>>3)] += v
+			}
+		}
+	}
+}
+
+// wireCountSplit is the run length from which wireCountRun counts into
+// four histograms.
+const wireCountSplit = 64
+
+// wireCountRun adds the counts of the symbols seg, each below len(cs), to
+// cs. A long run goes into the four histograms of sub by turns (zero
+// before and after), so that a symbol repeated does not wait on its own
+// count's store.
+func wireCountRun(cs []uint32, seg []uint8, sub *[4][256]uint32) {
+	if len(seg) < wireCountSplit || sub == nil {
+		for _, s := range seg {
+			cs[s]++
+		}
+		return
+	}
+	n4 := len(seg) &^ 3
+	for i := 0; i < n4; i += 4 {
+		g := seg[i : i+4 : i+4]
+		sub[0][g[0]]++
+		sub[1][g[1]]++
+		sub[2][g[2]]++
+		sub[3][g[3]]++
+	}
+	for _, s := range seg[n4:] {
+		cs[s]++
+	}
+	cs = cs[:min(len(cs), 256)]
+	for s := range cs {
+		cs[s] += sub[0][s] + sub[1][s] + sub[2][s] + sub[3][s]
+		sub[0][s], sub[1][s], sub[2][s], sub[3][s] = 0, 0, 0, 0
+	}
+}
+
+// wireLog2Memo is math.Log2(tot / k) for counts k below its size, each
+// worked out once for the tot it was last asked with: the contexts of a
+// mode mostly hold the same number of codes, and their counts repeat. An
+// entry holds its tot, so a memo serves any model search after another
+// (wireLog2Memos).
+type wireLog2Memo struct {
+	tot [wireLog2MemoSize]float64
+	val [wireLog2MemoSize]float64
+}
+
+const wireLog2MemoSize = 4096
+
+var wireLog2Memos = sync.Pool{New: func() any { return new(wireLog2Memo) }}
+
+func (l *wireLog2Memo) log2(tot float64, k uint32) float64 {
+	if k >= wireLog2MemoSize {
+		return math.Log2(tot / float64(k))
+	}
+	if l.tot[k] != tot {
+		l.tot[k], l.val[k] = tot, math.Log2(tot/float64(k))
+	}
+	return l.val[k]
 }
 
 // wireByteShape is the shape of the packed bytes of codes of shape w coded
@@ -217,44 +428,95 @@ func wireEstimate(m *wireModel, w wireShape) float64 {
 
 // wirePackedCounts reports whether wireCountPacked counts the codes of
 // shape w from their packed bytes: 2- and 4-bit codes along tokens, every
-// byte's codes in one row of head_dim channels.
+// byte's codes in one row of head_dim channels, and 3-bit ones in rows of
+// a multiple of 16 channels (whole 6-byte groups).
 func wirePackedCounts(w wireShape) bool {
-	return (w.bits == 2 || w.bits == 4) && w.fourD && !w.channel && w.d > 0 && w.tq > 0 && w.h > 0 &&
-		w.d%(8/w.bits) == 0 && w.n%w.d == 0 && w.contexts(3) <= wireMaxCtx && w.rawBytes == w.n*w.bits/8
+	per := 8 / max(1, w.bits)
+	if w.channel {
+		// rows of tokens along channels: 2- and 4-bit codes, rows of whole bytes
+		return (w.bits == 2 || w.bits == 4) && w.fourD && w.d > 0 && w.tq > 0 && w.h > 0 &&
+			w.tq%per == 0 && w.n%w.tq == 0 && w.contexts(3) <= wireMaxCtx && w.rawBytes == w.n*w.bits/8
+	}
+	if w.bits == 3 {
+		per = 16
+	}
+	return (w.bits == 2 || w.bits == 3 || w.bits == 4) && w.fourD && w.d > 0 && w.tq > 0 && w.h > 0 &&
+		w.d%per == 0 && w.n%w.d == 0 && w.contexts(3) <= wireMaxCtx && w.rawBytes == w.n*w.bits/8
 }
 
 // wireCountPacked adds the counts of the (head, channel) contexts of the
 // packed codes raw (wirePackedCounts's shapes) to counts: a histogram of
 // the bytes per run of 8/bits contexts, one increment a byte, then split.
 func wireCountPacked(counts []uint32, raw []byte, w wireShape) {
+	if w.channel {
+		wireCountPackedRows(counts, raw, w)
+		return
+	}
+	if w.bits == 3 {
+		wireCountPacked3(counts, raw, w)
+		return
+	}
 	k := 8 / w.bits
 	A := 1 << w.bits
 	rowBytes := w.d / k
 	groups := w.h * rowBytes
-	hist := make([]uint32, groups*256)
-	head, t := 0, 0
-	for r := 0; r < w.n/w.d; r++ {
-		row := raw[r*rowBytes : (r+1)*rowBytes]
-		h := hist[head*rowBytes*256 : (head+1)*rowBytes*256]
-		for j, b := range row {
-			h[j<<8|int(b)]++
-		}
-		if t++; t == w.tq {
-			t = 0
-			if head++; head == w.h {
-				head = 0
+	hist := make([][256]uint32, groups)
+	rows := w.n / w.d
+	raw = raw[:rows*rowBytes]
+	// a head's rows (tq of them, then the next head's) into its rowBytes
+	// histograms: the slices of equal length let the compiler drop the
+	// bounds checks, and four bytes a step keep four increments in flight
+	for r, head := 0, 0; r < rows; head = (head + 1) % w.h {
+		h := hist[head*rowBytes : (head+1)*rowBytes]
+		for end := min(rows, r+w.tq); r < end; r++ {
+			row := raw[r*rowBytes : (r+1)*rowBytes]
+			row = row[:len(h)]
+			j := 0
+			for ; j < len(h)-3; j += 4 {
+				b0, b1, b2, b3 := row[j], row[j+1], row[j+2], row[j+3]
+				h[j][b0]++
+				h[j+1][b1]++
+				h[j+2][b2]++
+				h[j+3][b3]++
+			}
+			for ; j < len(h); j++ {
+				h[j][row[j]]++
 			}
 		}
 	}
-	for g := 0; g < groups; g++ {
-		hg := hist[g<<8 : (g+1)<<8]
-		c := g * k // context of the byte's first code: head*d + channel
-		for b, v := range hg {
-			if v == 0 {
-				continue
+	// each byte's histogram split into its codes' counts (the context of
+	// the byte's first code is head*d + channel, g*k): the margins of the
+	// 16x16 table of the two nibbles, or of the four 2-bit fields
+	for g := range hist {
+		hg := &hist[g]
+		cs := counts[g*k*A : (g+1)*k*A]
+		if k == 2 {
+			var lo, hi [16]uint32
+			for x := range hi {
+				row := (*[16]uint32)(hg[16*x : 16*x+16])
+				var s uint32
+				for y, v := range row {
+					lo[y] += v
+					s += v
+				}
+				hi[x] = s
 			}
-			for q := 0; q < k; q++ {
-				counts[(c+q)*A+(b>>(q*w.bits))&(A-1)] += v
+			for y := range lo {
+				cs[y] += lo[y]
+				cs[16+y] += hi[y]
+			}
+			continue
+		}
+		var m [4][4]uint32
+		for b, v := range hg {
+			m[0][b&3] += v
+			m[1][b>>2&3] += v
+			m[2][b>>4&3] += v
+			m[3][b>>6&3] += v
+		}
+		for q := range m {
+			for a, v := range m[q] {
+				cs[q*4+a] += v
 			}
 		}
 	}
@@ -518,12 +780,25 @@ func (p *wirePart) tensors(tensor string) []safetensors.Tensor {
 // order-0 byte entropy of each of its chunks, plus its tables and offsets.
 func huffmanEstimate(raw []byte) int {
 	var total float64
+	var sub [4][256]int // four histograms by turns: a byte repeated does not wait on its own count's store
 	for lo := 0; lo < len(raw); lo += LosslessChunk {
 		chunk := raw[lo:min(len(raw), lo+LosslessChunk)]
-		var hist [256]int
-		for _, b := range chunk {
-			hist[b]++
+		n4 := len(chunk) &^ 3
+		for i := 0; i < n4; i += 4 {
+			g := chunk[i : i+4 : i+4]
+			sub[0][g[0]]++
+			sub[1][g[1]]++
+			sub[2][g[2]]++
+			sub[3][g[3]]++
 		}
+		for _, b := range chunk[n4:] {
+			sub[0][b]++
+		}
+		var hist [256]int
+		for b := range hist {
+			hist[b] = sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b]
+		}
+		sub = [4][256]int{}
 		n := float64(len(chunk))
 		used := 0
 		for _, k := range hist {

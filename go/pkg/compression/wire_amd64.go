@@ -39,3 +39,19 @@ func wireEncode32(a *wireEnc32Args)
 //
 //go:noescape
 func wireFill32(dst []uint32, e uint32)
+
+// wireUnpack4AVX2 unpacks len(dst)/64*64 4-bit codes from src (wire_amd64.s; AVX2).
+//
+//go:noescape
+func wireUnpack4AVX2(dst []uint8, src []byte)
+
+// wireUnpack2AVX2 unpacks len(dst)/32*32 2-bit codes from src (wire_amd64.s; AVX2).
+//
+//go:noescape
+func wireUnpack2AVX2(dst []uint8, src []byte)
+
+// wireUnpack3AVX2 unpacks len(dst)/32*32 3-bit codes from src, reading 2
+// bytes past them (wire_amd64.s; AVX2).
+//
+//go:noescape
+func wireUnpack3AVX2(dst []uint8, src []byte)

@@ -475,3 +475,140 @@ wire_fill_tail:
 wire_fill_done:
 	VZEROUPPER
 	RET
+
+// The unpacking of 2-, 3- and 4-bit codes to a byte each (wireUnpack's
+// loops, AVX2): whole blocks, the Go code does the rest.
+
+DATA wireShuf2<>+0(SB)/8, $0x0101010100000000
+DATA wireShuf2<>+8(SB)/8, $0x0303030302020202
+DATA wireShuf2<>+16(SB)/8, $0x0505050504040404
+DATA wireShuf2<>+24(SB)/8, $0x0707070706060606
+GLOBL wireShuf2<>(SB), RODATA|NOPTR, $32
+
+DATA wireShuf3<>+0(SB)/8, $0x0201010001000100
+DATA wireShuf3<>+8(SB)/8, $0x0302030202010201
+DATA wireShuf3<>+16(SB)/8, $0x0504040304030403
+DATA wireShuf3<>+24(SB)/8, $0x0605060505040504
+GLOBL wireShuf3<>(SB), RODATA|NOPTR, $32
+
+DATA wireMul3<>+0(SB)/8, $0x1000008004002000
+DATA wireMul3<>+8(SB)/8, $0x0100080000400200
+DATA wireMul3<>+16(SB)/8, $0x1000008004002000
+DATA wireMul3<>+24(SB)/8, $0x0100080000400200
+GLOBL wireMul3<>(SB), RODATA|NOPTR, $32
+
+// func wireUnpack4AVX2(dst []uint8, src []byte)
+// 64 codes from 32 bytes a step, len(dst)/64 steps: the low and the high
+// nibbles masked, interleaved within the 128-bit lanes, and the lanes put
+// in order.
+TEXT ·wireUnpack4AVX2(SB), NOSPLIT, $0-48
+	MOVQ dst_base+0(FP), DI
+	MOVQ dst_len+8(FP), CX
+	MOVQ src_base+24(FP), SI
+	MOVL $0x0f0f0f0f, AX
+	VMOVD AX, X7
+	VPBROADCASTD X7, Y7
+	SHRQ $6, CX
+	JZ   wire_u4_done
+
+wire_u4_loop:
+	VMOVDQU    (SI), Y0
+	VPSRLW     $4, Y0, Y1
+	VPAND      Y7, Y0, Y0
+	VPAND      Y7, Y1, Y1
+	VPUNPCKLBW Y1, Y0, Y2
+	VPUNPCKHBW Y1, Y0, Y3
+	VPERM2I128 $0x20, Y3, Y2, Y4
+	VPERM2I128 $0x31, Y3, Y2, Y5
+	VMOVDQU    Y4, (DI)
+	VMOVDQU    Y5, 32(DI)
+	ADDQ       $32, SI
+	ADDQ       $64, DI
+	DECQ       CX
+	JNZ        wire_u4_loop
+
+wire_u4_done:
+	VZEROUPPER
+	RET
+
+// func wireUnpack2AVX2(dst []uint8, src []byte)
+// 32 codes from 8 bytes a step, len(dst)/32 steps: each byte copied to
+// the four bytes of its codes, then byte k of every four takes bits
+// 2k..2k+1 (a 16-bit shift; the mask drops what the shift brings in).
+TEXT ·wireUnpack2AVX2(SB), NOSPLIT, $0-48
+	MOVQ dst_base+0(FP), DI
+	MOVQ dst_len+8(FP), CX
+	MOVQ src_base+24(FP), SI
+	VMOVDQU wireShuf2<>(SB), Y8
+	MOVL $0x00000003, AX
+	VMOVD AX, X9
+	VPBROADCASTD X9, Y9
+	MOVL $0x00000300, AX
+	VMOVD AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL $0x00030000, AX
+	VMOVD AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL $0x03000000, AX
+	VMOVD AX, X12
+	VPBROADCASTD X12, Y12
+	SHRQ $5, CX
+	JZ   wire_u2_done
+
+wire_u2_loop:
+	VPBROADCASTQ (SI), Y0
+	VPSHUFB      Y8, Y0, Y0
+	VPAND        Y9, Y0, Y1
+	VPSRLW       $2, Y0, Y2
+	VPAND        Y10, Y2, Y2
+	VPSRLW       $4, Y0, Y3
+	VPAND        Y11, Y3, Y3
+	VPSRLW       $6, Y0, Y4
+	VPAND        Y12, Y4, Y4
+	VPOR         Y2, Y1, Y1
+	VPOR         Y4, Y3, Y3
+	VPOR         Y3, Y1, Y1
+	VMOVDQU      Y1, (DI)
+	ADDQ         $8, SI
+	ADDQ         $32, DI
+	DECQ         CX
+	JNZ          wire_u2_loop
+
+wire_u2_done:
+	VZEROUPPER
+	RET
+
+// func wireUnpack3AVX2(dst []uint8, src []byte)
+// 32 codes from 12 bytes a step, len(dst)/32 steps (reading 14 bytes a
+// step: the caller leaves two bytes of src past the last): per 16-bit lane
+// the two bytes that hold a code, multiplied so that the code's bits are
+// the top three, shifted down, and packed to bytes.
+TEXT ·wireUnpack3AVX2(SB), NOSPLIT, $0-48
+	MOVQ dst_base+0(FP), DI
+	MOVQ dst_len+8(FP), CX
+	MOVQ src_base+24(FP), SI
+	VMOVDQU wireShuf3<>(SB), Y8
+	VMOVDQU wireMul3<>(SB), Y9
+	SHRQ $5, CX
+	JZ   wire_u3_done
+
+wire_u3_loop:
+	VPBROADCASTQ (SI), Y0
+	VPBROADCASTQ 6(SI), Y1
+	VPSHUFB      Y8, Y0, Y0
+	VPSHUFB      Y8, Y1, Y1
+	VPMULLW      Y9, Y0, Y0
+	VPMULLW      Y9, Y1, Y1
+	VPSRLW       $13, Y0, Y0
+	VPSRLW       $13, Y1, Y1
+	VPACKUSWB    Y1, Y0, Y0
+	VPERMQ       $0xD8, Y0, Y0
+	VMOVDQU      Y0, (DI)
+	ADDQ         $12, SI
+	ADDQ         $32, DI
+	DECQ         CX
+	JNZ          wire_u3_loop
+
+wire_u3_done:
+	VZEROUPPER
+	RET

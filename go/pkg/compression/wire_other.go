@@ -15,3 +15,9 @@ func wireEncodeWideAMD64(*wireEncWideArgs) { noSIMD() }
 func wireEncode32(*wireEnc32Args) { noSIMD() }
 
 func wireFill32([]uint32, uint32) { noSIMD() }
+
+func wireUnpack4AVX2([]uint8, []byte) { noSIMD() }
+
+func wireUnpack2AVX2([]uint8, []byte) { noSIMD() }
+
+func wireUnpack3AVX2([]uint8, []byte) { noSIMD() }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	mathbits "math/bits"
+	"sync"
 	"unsafe"
 )
 
@@ -92,6 +93,7 @@ type wireModel struct {
 	levels                               []uint8   // nctx*A
 	fs                                   []uint32  // nctx*A: freq | start<<16
 	enc                                  []wireEnc // nctx*A: the encode table, built by buildEncode
+	encOnce                              sync.Once // encTable's: the table is built where a chunk needs it
 }
 
 func (m *wireModel) alphabet() int { return 1 << m.bits }
@@ -103,6 +105,7 @@ func wireMaxLevel(res, prec int) int { return res*prec + 1 }
 // present symbol at least 1. It reports false for a context with no symbol.
 func wireFreqs(levels []uint8, res, prec int, freq []uint32) bool {
 	M := uint64(1) << prec
+	wt := &wireWeights()[res]
 	var W uint64
 	present := 0
 	for s, v := range levels {
@@ -110,8 +113,7 @@ func wireFreqs(levels []uint8, res, prec int, freq []uint32) bool {
 		if v == 0 {
 			continue
 		}
-		e := int(v-1) * (8 / res)
-		W += wireFrac8[e&7] >> (e >> 3)
+		W += wt[v]
 		present++
 	}
 	if present == 0 {
@@ -122,9 +124,7 @@ func wireFreqs(levels []uint8, res, prec int, freq []uint32) bool {
 		if v == 0 {
 			continue
 		}
-		e := int(v-1) * (8 / res)
-		w := wireFrac8[e&7] >> (e >> 3)
-		f := max(1, w*M/W)
+		f := max(1, wt[v]*M/W)
 		freq[s] = uint32(f)
 		sum += f
 	}
@@ -146,6 +146,20 @@ func wireFreqs(levels []uint8, res, prec int, freq []uint32) bool {
 	}
 	return true
 }
+
+// wireWeights[res][v] is level v's weight at resolution res (1 to 8; v
+// >= 1): 2^30 * 2^(-(v-1)/res), wireFrac8's entry shifted, as wireFreqs
+// takes it, computed once.
+var wireWeights = sync.OnceValue(func() *[9][256]uint64 {
+	var t [9][256]uint64
+	for res := 1; res <= 8; res++ {
+		for v := 1; v < 256; v++ {
+			e := (v - 1) * (8 / res)
+			t[res][v] = wireFrac8[e&7] >> (e >> 3)
+		}
+	}
+	return &t
+})
 
 // setLevels fills fs from levels; false if a context holds no symbol.
 func (m *wireModel) setLevels() bool {
@@ -221,9 +235,15 @@ func (w *wireBitWriter) write(v uint64, n uint) {
 func (w *wireBitWriter) writeEG(v uint64, k uint) {
 	u := v + 1<<k
 	nb := uint(64 - leadingZeros64(u)) // bits of u
-	w.write(0, nb-1-k)
-	w.write(1, 1)
-	w.write(u&(1<<(nb-1)-1), nb-1)
+	z := nb - 1 - k
+	if nb > 28 { // not from a model's levels: the three parts one by one
+		w.write(0, z)
+		w.write(1, 1)
+		w.write(u&(1<<(nb-1)-1), nb-1)
+		return
+	}
+	// the zeros, the one and u's low bits as one field of at most 55 bits
+	w.write(1<<z|(u&(1<<(nb-1)-1))<<(z+1), z+nb)
 }
 
 func (w *wireBitWriter) flush() []byte {
@@ -295,37 +315,80 @@ func unzigzag(u uint64) int {
 	return -int(u>>1) - 1
 }
 
-// tableBits writes the tables at order k and returns them.
+// tableBytes writes the tables at order k and returns them: each delta's
+// code from wireEGCodes, gathered in a local 64-bit accumulator (a code
+// is at most 19 bits), into a buffer of the tables' size.
 func (m *wireModel) tableBytes(k int) []byte {
 	A := m.alphabet()
-	var w wireBitWriter
-	for c := 0; c < m.nctx; c++ {
-		for s := 0; s < A; s++ {
-			pred := 0
-			if c > 0 {
-				pred = int(m.levels[(c-1)*A+s])
-			}
-			w.writeEG(zigzag(int(m.levels[c*A+s])-pred), uint(k))
+	codes := &wireEGCodes()[k&3]
+	levels := m.levels[:m.nctx*A]
+	buf := make([]byte, 0, (len(levels)*19+7)/8)
+	var acc uint64
+	var nacc uint
+	for i, v := range levels {
+		pred := 0
+		if i >= A {
+			pred = int(levels[i-A])
+		}
+		e := codes[zigzag(int(v)-pred)&511]
+		acc |= uint64(e>>8) << nacc
+		nacc += uint(e & 0xff)
+		for nacc >= 8 {
+			buf = append(buf, byte(acc))
+			acc >>= 8
+			nacc -= 8
 		}
 	}
-	return w.flush()
+	if nacc > 0 {
+		buf = append(buf, byte(acc))
+	}
+	return buf
 }
 
+// wireEGCodes[k][z] is z's order-k Exp-Golomb code as writeEG writes it,
+// its bits << 8 | its length, for the zigzagged level deltas (below 512).
+var wireEGCodes = sync.OnceValue(func() *[4][512]uint32 {
+	var t [4][512]uint32
+	for k := range t {
+		for z := range t[k] {
+			var w wireBitWriter
+			w.writeEG(uint64(z), uint(k))
+			n := uint32(w.nacc) + 8*uint32(len(w.buf))
+			var bits uint32
+			for i, b := range w.flush() {
+				bits |= uint32(b) << (8 * i)
+			}
+			t[k][z] = bits<<8 | n
+		}
+	}
+	return &t
+})
+
 // tableSizes is len(tableBytes(k)) for k = 0..3, without writing them:
-// an order-k code of u takes 2*bits(u + 2^k) - 1 - k bits.
+// an order-k code of u takes 2*bits(u + 2^k) - 1 - k bits. The deltas are
+// counted by value first (a level is a byte, so a zigzagged delta is below
+// 512), then each value's bits taken once.
 func (m *wireModel) tableSizes() [4]int {
 	A := m.alphabet()
+	var hist [512]int32
+	levels := m.levels[:m.nctx*A]
+	for _, v := range levels[:min(A, len(levels))] {
+		hist[zigzag(int(v))&511]++
+	}
+	if len(levels) > A {
+		prev, cur := levels[:len(levels)-A], levels[A:]
+		cur = cur[:len(prev)]
+		for i, v := range cur {
+			hist[zigzag(int(v)-int(prev[i]))&511]++
+		}
+	}
 	var n [4]int
-	for c := 0; c < m.nctx; c++ {
-		for s := 0; s < A; s++ {
-			pred := 0
-			if c > 0 {
-				pred = int(m.levels[(c-1)*A+s])
-			}
-			z := zigzag(int(m.levels[c*A+s]) - pred)
-			for k := range n {
-				n[k] += 2*mathbits.Len64(z+1<<k) - 1 - k
-			}
+	for z, c := range hist {
+		if c == 0 {
+			continue
+		}
+		for k := range n {
+			n[k] += int(c) * (2*mathbits.Len64(uint64(z)+1<<k) - 1 - k)
 		}
 	}
 	for k := range n {
@@ -493,6 +556,12 @@ func wireUnpack(dst []uint8, packed []byte, lo, bits int) {
 		return
 	case 4:
 		p := packed[lo/2:]
+		if useSIMD { // 64 codes a step
+			if n := min(len(dst), 2*len(p)) &^ 63; n > 0 {
+				wireUnpack4AVX2(dst[:n], p[:n/2])
+				dst, p = dst[n:], p[n/2:]
+			}
+		}
 		// 8 bytes, 16 codes at a time: the low and high nibbles spread to
 		// alternate bytes
 		n16 := min(len(dst), 2*len(p)) &^ 15
@@ -510,6 +579,24 @@ func wireUnpack(dst []uint8, packed []byte, lo, bits int) {
 			dst[len(dst)-1] = p[len(dst)/2] & 15
 		}
 		return
+	}
+	if useSIMD && (bits == 2 || bits == 3) { // 32 codes a step
+		p := packed[lo*bits/8:]
+		n := min(len(dst), 4*len(p)) &^ 31
+		if bits == 3 {
+			n = 0
+			if len(p) >= 14 { // the kernel reads two bytes past its codes
+				n = min(len(dst)/32, (len(p)-2)/12) * 32
+			}
+		}
+		if n > 0 {
+			if bits == 2 {
+				wireUnpack2AVX2(dst[:n], p[:n/4])
+			} else {
+				wireUnpack3AVX2(dst[:n], p[:n*3/8+2])
+			}
+			dst, lo = dst[n:], lo+n
+		}
 	}
 	mask := uint64(1)<<bits - 1
 	bit := lo * bits
@@ -641,11 +728,33 @@ func (m *wireModel) buildEncode() {
 		case 1:
 			e.rcp, e.bias, e.cmpl = math.MaxUint64, st+M-1, M-1
 		default:
-			e.rcp = math.MaxUint64/uint64(f) + 1
+			e.rcp = wireRcps()[f]
 		}
 		m.enc[i] = e
 	}
 }
+
+// encTable is the encoder's table, built on the first call (the
+// AVX-512 kernel codes from fs, and where it takes a part's every run the
+// table is never built).
+func (m *wireModel) encTable() []wireEnc {
+	m.encOnce.Do(func() {
+		if m.enc == nil {
+			m.buildEncode()
+		}
+	})
+	return m.enc
+}
+
+// wireRcps[f] is floor(2^64/f)+1, the encoder's reciprocal of a frequency
+// f >= 2 (up to 2^12), worked out once rather than a division an entry.
+var wireRcps = sync.OnceValue(func() []uint64 {
+	t := make([]uint64, 1<<12+1)
+	for f := 2; f < len(t); f++ {
+		t[f] = math.MaxUint64/uint64(f) + 1
+	}
+	return t
+})
 
 // wireRun is a run of a chunk's positions from start, n long, of contexts
 // c0, c0+step, ...
@@ -674,7 +783,7 @@ func (m *wireModel) encodeChunk(out []byte, syms []uint8, w wireShape, lo int, s
 	}
 	buf := scratch.buf[:2*n+4*wireStates]
 	wp := len(buf) // the words go backwards from the end
-	enc := m.enc
+	enc := m.encTable()
 	bits := uint(m.bits)
 	// t0 is the state of the next symbol to code (position i, state i mod
 	// 4), t1 that of i-1, and so on: a group of four codes i..i-3 with

@@ -752,11 +752,17 @@ func ExampleParseSpec_wire() {
 // one by one, and so is the model built from them.
 func TestWireCountPacked(t *testing.T) {
 	r := rand.New(rand.NewSource(12))
-	for _, bits := range []int{2, 4} {
-		for _, sh := range [][3]int{{3, 64, 100}, {2, 8, 7}, {1, 4, 1}, {5, 16, 33}} {
+	for _, bits := range []int{2, 3, 4} {
+		for _, sh := range [][3]int{{3, 64, 100}, {2, 8, 7}, {1, 4, 1}, {5, 16, 33}, {2, 48, 5}} {
 			w := wireShape{fourD: true, h: sh[0], d: sh[1], tq: sh[2], bits: bits}
 			w.n, w.perHeadRun = 2*w.h*w.d*w.tq, w.tq*w.d // two batch rows
 			w.rawBytes = PackedLen(w.n, bits)
+			if bits == 3 && w.d%16 != 0 { // 3-bit rows of whole 6-byte groups only
+				if wirePackedCounts(w) {
+					t.Fatalf("%+v: counted packed", w)
+				}
+				continue
+			}
 			if !wirePackedCounts(w) {
 				t.Fatalf("%+v: not counted packed", w)
 			}
@@ -773,6 +779,43 @@ func TestWireCountPacked(t *testing.T) {
 			want := make([]uint32, w.h*w.d<<bits)
 			for i, s := range syms {
 				want[((i/w.perHeadRun%w.h)*w.d+i%w.d)<<bits|int(s)]++
+			}
+			got := make([]uint32, len(want))
+			wireCountPacked(got, raw, w)
+			if !slices.Equal(got, want) {
+				t.Fatalf("bits %d %+v: counts differ", bits, w)
+			}
+		}
+	}
+}
+
+// Channel-axis rows (kivi's keys) counted from their packed bytes: the
+// counts and the model of the codes one by one.
+func TestWireCountPackedRows(t *testing.T) {
+	r := rand.New(rand.NewSource(15))
+	for _, bits := range []int{2, 4} {
+		for _, sh := range [][3]int{{3, 64, 100}, {2, 8, 8}, {1, 4, 4}, {5, 16, 36}, {2, 3, 6}} {
+			w := wireShape{fourD: true, channel: true, h: sh[0], d: sh[1], tq: sh[2], bits: bits}
+			w.n, w.perHeadRun = 2*w.h*w.d*w.tq, w.tq*w.d // two batch rows
+			w.rawBytes = PackedLen(w.n, bits)
+			if packed := wirePackedCounts(w); packed != (w.tq%(8/bits) == 0) {
+				t.Fatalf("%+v: counted packed %v", w, packed)
+			} else if !packed {
+				continue
+			}
+			syms := make([]uint8, w.n)
+			for i := range syms {
+				syms[i] = uint8(min(r.Intn(1<<bits), (i/w.tq+i%7)%(1<<bits)))
+			}
+			raw := make([]byte, w.rawBytes)
+			wirePack(raw, syms, bits)
+			a, b := buildWireModel(syms, w), buildWireModelRaw(nil, raw, w)
+			if !bytes.Equal(a.marshal(), b.marshal()) {
+				t.Fatalf("bits %d %+v: the packed counts give another model", bits, w)
+			}
+			want := make([]uint32, w.h*w.d<<bits)
+			for i, s := range syms {
+				want[(i/w.tq%(w.h*w.d))<<bits|int(s)]++
 			}
 			got := make([]uint32, len(want))
 			wireCountPacked(got, raw, w)

@@ -27,7 +27,6 @@ func (m *wireModel) encodeWide(out []byte, syms []uint8, runs []wireRun, scratch
 	}
 	buf := scratch.buf[:size]
 	wp := len(buf) // the words go backwards from the end
-	enc := m.enc
 	bits := uint(m.bits)
 	var st [wireMaxStates]uint32
 	for j := range st {
@@ -36,11 +35,20 @@ func (m *wireModel) encodeWide(out []byte, syms []uint8, runs []wireRun, scratch
 	mask := S - 1
 	kernel := S == wireWideStates && useSIMD && useWireAVX512
 	A := 1 << bits
+	// the encoder's table where a run is not all the kernel's (wireEncode32
+	// takes fs)
+	var enc []wireEnc
+	for _, run := range runs {
+		if !kernel || !wireKernelRun(run, A, len(m.fs)) {
+			enc = m.encTable()
+			break
+		}
+	}
 	for r := len(runs) - 1; r >= 0; r-- {
 		run := runs[r]
 		ss := syms[run.start : run.start+run.n]
 		k := run.n - 1
-		if kernel && run.step == 1 && run.n&15 == 0 && run.start&15 == 0 && run.c0 >= 0 && (run.c0+run.n)*A <= len(m.fs) {
+		if kernel && wireKernelRun(run, A, len(m.fs)) {
 			// rows of the same contexts before this one, all in the kernel
 			q := r
 			for q > 0 && runs[q-1].step == 1 && runs[q-1].n == run.n && runs[q-1].c0 == run.c0 {
@@ -89,6 +97,13 @@ func (m *wireModel) encodeWide(out []byte, syms []uint8, runs []wireRun, scratch
 		binary.LittleEndian.PutUint32(buf[wp+4*j:], st[j])
 	}
 	return append(out, buf[wp:]...)
+}
+
+// wireKernelRun reports whether wireEncode32 codes all of run, a row of
+// whole aligned groups of 16 contexts stepping by one, in a table of nfs
+// entries of A symbols a context.
+func wireKernelRun(run wireRun, A, nfs int) bool {
+	return run.step == 1 && run.n&15 == 0 && run.start&15 == 0 && run.c0 >= 0 && (run.c0+run.n)*A <= nfs
 }
 
 // wireEncOne codes one symbol, entry e, with state x: its renormalization
