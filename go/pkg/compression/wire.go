@@ -209,6 +209,7 @@ func buildWireModelRaw(syms []uint8, raw []byte, w wireShape) *wireModel {
 			}
 		}
 	}
+	best, bestBits = wireTryOrder1(best, bestBits, syms, raw, w)
 	best.cost = bestBits
 	return best
 }

@@ -24,12 +24,14 @@ import (
 //
 // A model (NAME.codes.wire) is
 //
-//	byte 0     model version (2; version 1 is read too)
+//	byte 0     model version (2; version 1 is read too; 3 is a model in
+//	           mode 4, wire_order1.go, whose header adds a byte and a class map)
 //	byte 1     bits: the code width b, alphabet A = 2^b (1..8); in version 2
 //	           a codes part of narrower codes may have 8: its packed bytes
 //	           are the symbols (wireByteShape: one context)
 //	byte 2     mode: 0 one context, 1 per head, 2 per channel (position in
-//	           head_dim), 3 per (head, channel)
+//	           head_dim), 3 per (head, channel), 4 (version 3 only) per (head,
+//	           channel class, previous token's code in the channel)
 //	byte 3     precision P: frequencies sum to M = 2^P (b <= P <= min(12, b+8))
 //	byte 4     resolution r: levels per octave of the stored probabilities (1, 2, 4 or 8)
 //	byte 5     chunk log: each chunk codes 2^c symbols (10..20), the last fewer
@@ -94,6 +96,11 @@ type wireModel struct {
 	fs                                   []uint32  // nctx*A: freq | start<<16
 	enc                                  []wireEnc // nctx*A: the encode table, built by buildEncode
 	encOnce                              sync.Once // encTable's: the table is built where a chunk needs it
+	// mode 4 (wire_order1.go): log2 of the classes a head, heads, head_dim,
+	// each (head, channel)'s class and its context with previous code 0
+	klog, o1h, o1d int
+	cls            []uint8
+	o1base         []int32
 }
 
 func (m *wireModel) alphabet() int { return 1 << m.bits }
@@ -399,6 +406,9 @@ func (m *wireModel) tableSizes() [4]int {
 
 // marshal is the model's bytes.
 func (m *wireModel) marshal() []byte {
+	if m.mode == wireModeOrder1 {
+		return m.marshalOrder1()
+	}
 	out := []byte{wireVersion, byte(m.bits), byte(m.mode), byte(m.prec), byte(m.res), byte(m.chunkLog), byte(m.egk),
 		byte(mathbits.TrailingZeros(uint(m.states)))}
 	return append(out, m.tableBytes(m.egk)...)
@@ -408,15 +418,18 @@ func (m *wireModel) marshal() []byte {
 // contexts the caller's shape gives (nctx per mode, wireContexts), checking
 // every field before allocating; the decoder's table is decodeTable's.
 func parseWireModel(b []byte, bits int, nctx func(mode int) int, ncodes int) (*wireModel, error) {
-	if len(b) < 1 || b[0] < 1 || b[0] > wireVersion {
+	if len(b) < 1 || b[0] < 1 || b[0] > wireVersionOrder1 {
 		if len(b) == 0 {
 			return nil, errors.New("model of 0 bytes")
 		}
-		return nil, fmt.Errorf("model version %d, this build reads 1 to %d", b[0], wireVersion)
+		return nil, fmt.Errorf("model version %d, this build reads 1 to %d", b[0], wireVersionOrder1)
 	}
 	hs := wireHeaderSize
-	if b[0] == 1 {
+	switch b[0] {
+	case 1:
 		hs = 7
+	case wireVersionOrder1:
+		hs = wireHeaderSize + 1 // klog
 	}
 	if len(b) < hs {
 		return nil, fmt.Errorf("model of %d bytes, want at least %d", len(b), hs)
@@ -431,8 +444,8 @@ func parseWireModel(b []byte, bits int, nctx func(mode int) int, ncodes int) (*w
 	switch {
 	case m.bits != bits:
 		return nil, fmt.Errorf("model for %d-bit codes, the scheme stores %d", m.bits, bits)
-	case m.mode > 3:
-		return nil, fmt.Errorf("context mode %d, want 0 to 3", m.mode)
+	case m.mode > 3 && m.version != wireVersionOrder1 || m.version == wireVersionOrder1 && m.mode != wireModeOrder1:
+		return nil, fmt.Errorf("context mode %d in a version %d model, want 0 to 3 (4, and only 4, in version 3)", m.mode, m.version)
 	case m.prec < m.bits || m.prec > min(12, m.bits+8):
 		return nil, fmt.Errorf("precision %d for %d-bit codes, want %d to %d", m.prec, m.bits, m.bits, min(12, m.bits+8))
 	case m.res != 1 && m.res != 2 && m.res != 4 && m.res != 8:
@@ -445,6 +458,12 @@ func parseWireModel(b []byte, bits int, nctx func(mode int) int, ncodes int) (*w
 	m.nctx = nctx(m.mode)
 	A := m.alphabet()
 	tab := b[hs:]
+	if m.mode == wireModeOrder1 {
+		var err error
+		if tab, err = m.parseOrder1(b, nctx); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case m.nctx < 1 || m.nctx > wireMaxCtx:
 		return nil, fmt.Errorf("context mode %d has %d contexts for this shape, want 1 to %d", m.mode, m.nctx, wireMaxCtx)
@@ -519,6 +538,8 @@ func (w wireShape) contexts(mode int) int {
 		return w.h
 	case 2:
 		return w.d
+	case wireModeOrder1: // its heads (wire_order1.go), 0 where it does not apply
+		return w.order1Heads()
 	}
 	return w.h * w.d
 }
@@ -766,6 +787,9 @@ func (m *wireModel) encodeChunk(out []byte, syms []uint8, w wireShape, lo int, s
 	if scratch == nil {
 		scratch = &wireScratch{}
 	}
+	if m.mode == wireModeOrder1 {
+		return m.encodeOrder1(out, syms, w, lo, scratch)
+	}
 	n := len(syms)
 	runs := scratch.runs[:0]
 	it := w.runIter(m.mode, lo, lo+n)
@@ -947,6 +971,9 @@ func (it *wireRunIter) next() (n, c0, step int) {
 // (wireDecodeGroups), a single symbol rotates them; the 16-bit words are read in
 // symbol order.
 func (m *wireModel) decodeSyms(sym []uint8, ent []uint32, dst []uint8, src []byte, w wireShape, lo int) error {
+	if m.mode == wireModeOrder1 {
+		return m.decodeOrder1(sym, ent, dst, src, w, lo)
+	}
 	if m.states != wireStates {
 		return m.decodeWide(sym, ent, dst, src, w, lo)
 	}
