@@ -259,16 +259,7 @@ func wireCountPackedRows(counts []uint32, raw []byte, w wireShape) {
 		hg := &hist[hc]
 		cs := counts[hc*A : (hc+1)*A]
 		if k == 2 {
-			var lo, hi [16]uint32
-			for x := range hi {
-				row := (*[16]uint32)(hg[16*x : 16*x+16])
-				var s uint32
-				for y, v := range row {
-					lo[y] += v
-					s += v
-				}
-				hi[x] = s
-			}
+			lo, hi := nibbleCounts(hg)
 			for y := range lo {
 				cs[y] += lo[y] + hi[y]
 			}
@@ -492,16 +483,7 @@ func wireCountPacked(counts []uint32, raw []byte, w wireShape) {
 		hg := &hist[g]
 		cs := counts[g*k*A : (g+1)*k*A]
 		if k == 2 {
-			var lo, hi [16]uint32
-			for x := range hi {
-				row := (*[16]uint32)(hg[16*x : 16*x+16])
-				var s uint32
-				for y, v := range row {
-					lo[y] += v
-					s += v
-				}
-				hi[x] = s
-			}
+			lo, hi := nibbleCounts(hg)
 			for y := range lo {
 				cs[y] += lo[y]
 				cs[16+y] += hi[y]
@@ -921,4 +903,16 @@ func wireInflate(f *safetensors.File, infos []TensorInfo, workers int) (*safeten
 		}
 	}
 	return out, nil
+}
+
+// nibbleCounts splits a histogram of bytes holding two 4-bit codes (byte
+// hi<<4 | lo) into the counts of each nibble's code.
+func nibbleCounts(hg *[256]uint32) (lo, hi [16]uint32) {
+	for x := range hi {
+		for y, v := range hg[16*x : 16*x+16] {
+			lo[y] += v
+			hi[x] += v
+		}
+	}
+	return lo, hi
 }
