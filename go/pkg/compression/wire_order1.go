@@ -100,62 +100,18 @@ func wireTryOrder1(best *wireModel, bestBits float64, syms []uint8, raw []byte, 
 	}
 	d := w.d
 	chunkLog, states := wireOrder1Chunk(w.n)
-	def := uint8(A / 2)
-	// counts per (head, channel, previous code, symbol)
-	// (a channel's A*A counts padded by a cache line, so that a row's
-	// increments do not all fall in a few sets of the L1 cache)
-	ab, aa := uint(w.bits), A*A+16
-	fine := make([]uint32, h*d*aa)
-	for r := 0; r < w.n/d; r++ {
-		i := r * d
-		row := syms[i : i+d]
-		f := fine[r/w.tq%h*d*aa : (r/w.tq%h+1)*d*aa]
-		switch first := r%w.tq == 0; {
-		case !first && (i-d)>>chunkLog == (i+d-1)>>chunkLog: // the previous row, all in the chunk
-			prow := syms[i-d : i]
-			for c, s := range row {
-				f[c*aa+int(prow[c])<<ab+int(s)]++
-			}
-		default:
-			for c, s := range row {
-				prev := def
-				if !first && (i+c-d)>>chunkLog == (i+c)>>chunkLog {
-					prev = syms[i+c-d]
-				}
-				f[c*aa+int(prev)<<ab+int(s)]++
-			}
-		}
+	aa := A*A + 16 // a channel's counts, padded by a cache line where counted in place
+	if w.bits <= 4 {
+		aa = A * A
 	}
-	sums := make([]uint64, h*d) // per (head, channel): the codes' sum
-	for hc := range sums {
-		for k, v := range fine[hc*aa : hc*aa+A*A] {
-			sums[hc] += uint64(v) * uint64(k&(A-1))
-		}
-	}
-	rank := make([]int, h*d) // rank of each channel's mean within its head (ties by channel)
-	order := make([]int, d)
-	for hd := 0; hd < h; hd++ {
-		for c := range order {
-			order[c] = c
-		}
-		hs := sums[hd*d : (hd+1)*d]
-		slices.SortStableFunc(order, func(a, b int) int {
-			switch {
-			case hs[a] < hs[b]:
-				return -1
-			case hs[a] > hs[b]:
-				return 1
-			}
-			return 0
-		})
-		for r, c := range order {
-			rank[hd*d+c] = r
-		}
-	}
+	fine := wireOrder1Counts(syms, w, chunkLog, aa)
+	rank := wireOrder1Ranks(fine, h, d, A, aa)
+	// the valid class counts are klog 0..kmax; each one's counts per
+	// (head, class, previous code, symbol) are the finest's summed in pairs
+	// of classes (class r*K/d is class r*2K/d halved)
+	precs := make([]int, 0, wireMaxClassLog+1)
 	for klog := 0; klog <= wireMaxClassLog && 1<<klog <= d; klog++ {
-		K := 1 << klog
-		nctx := h * K * A
-		extra := float64(8 * (1 + (h*d*klog+7)/8)) // klog's byte, the class map
+		nctx := h << klog * A
 		prec := wirePrecision(w.bits)
 		if w.n >= wireWideMin && prec > w.bits && w.bits < 8 {
 			prec-- // as buildWireModelRaw's
@@ -164,23 +120,32 @@ func wireTryOrder1(best *wireModel, bestBits float64, syms []uint8, raw []byte, 
 			prec--
 		}
 		if nctx > wireMaxCtx || nctx<<prec > max(w.n, wireTableAllowance) {
-			continue
+			break
 		}
+		precs = append(precs, prec)
+	}
+	if len(precs) == 0 {
+		return best, bestBits
+	}
+	cms := make([][]uint32, len(precs))
+	cms[len(precs)-1] = wireOrder1Merge(fine, rank, h, d, len(precs)-1, A, aa)
+	for klog := len(precs) - 2; klog >= 0; klog-- {
+		fin := cms[klog+1]
+		cm := make([]uint32, len(fin)/2)
+		for i := range cm {
+			cm[i] = fin[(i/(A*A))*2*A*A+i%(A*A)] + fin[(i/(A*A))*2*A*A+A*A+i%(A*A)]
+		}
+		cms[klog] = cm
+	}
+	for klog, prec := range precs {
+		K := 1 << klog
+		nctx := h * K * A
+		extra := float64(8 * (1 + (h*d*klog+7)/8)) // klog's byte, the class map
 		cls := make([]uint8, h*d)
 		for i, r := range rank {
 			cls[i] = uint8(r * K / d)
 		}
-		cm := make([]uint32, nctx*A)
-		for hd := 0; hd < h; hd++ {
-			for c := 0; c < d; c++ {
-				ctx := (hd*K + int(cls[hd*d+c])) * A
-				src := fine[(hd*d+c)*aa : (hd*d+c)*aa+A*A]
-				dst := cm[ctx*A : (ctx+A)*A]
-				for k, v := range src {
-					dst[k] += v
-				}
-			}
-		}
+		cm := cms[klog]
 		ideal := make([]float64, nctx*A)
 		var entropy float64
 		for c := 0; c < nctx; c++ {
@@ -220,17 +185,22 @@ func wireTryOrder1(best *wireModel, bestBits float64, syms []uint8, raw []byte, 
 					m.levels[0] = 1
 				}
 			}
+			tb := math.Inf(1)
+			for k, size := range m.tableSizes() {
+				if t := float64(8 * size); t < tb {
+					tb, m.egk = t, k
+				}
+			}
+			// the codes take at least their entropy (a bit of margin for
+			// the sums' rounding): a model that cannot win is not built
+			if entropy-1-1e-9*entropy+tb+extra >= bestBits {
+				continue
+			}
 			m.setLevels()
 			var bits float64
 			for i, k := range cm {
 				if k > 0 {
 					bits += float64(k) * lg[m.fs[i]&0xffff]
-				}
-			}
-			tb := math.Inf(1)
-			for k, size := range m.tableSizes() {
-				if t := float64(8 * size); t < tb {
-					tb, m.egk = t, k
 				}
 			}
 			if bits+tb+extra < bestBits {
@@ -239,6 +209,163 @@ func wireTryOrder1(best *wireModel, bestBits float64, syms []uint8, raw []byte, 
 		}
 	}
 	return best, bestBits
+}
+
+// wireOrder1Stride is the counts' stride per channel for codes of at most
+// 4 bits: a channel's (previous code, symbol) counts indexed by one byte,
+// padded by a cache line so that a row's increments spread over the L1
+// cache's sets.
+const wireOrder1Stride = 256 + 16
+
+// wireOrder1Counts counts the codes syms of shape w per (head, channel,
+// previous code, symbol), a channel's counts at stride aa (previous code
+// A/2 where wireTryOrder1's doc says). Codes of at most 4 bits are counted
+// a head at a time into 16-bit counts that stay in the L1 cache, 8
+// channels a word (wireOrder1CountRow).
+func wireOrder1Counts(syms []uint8, w wireShape, chunkLog, aa int) []uint32 {
+	h, d := w.order1Heads(), w.d
+	A := 1 << w.bits
+	def := uint8(A / 2)
+	ab := uint(w.bits)
+	fine := make([]uint32, h*d*aa)
+	inChunk := func(i int) bool { return (i-d)>>chunkLog == (i+d-1)>>chunkLog } // row i's previous row and itself
+	if w.bits > 4 {
+		for r := 0; r < w.n/d; r++ {
+			i := r * d
+			f := fine[r/w.tq%h*d*aa : (r/w.tq%h+1)*d*aa]
+			for c, s := range syms[i : i+d] {
+				prev := def
+				if r%w.tq != 0 && (i+c-d)>>chunkLog == (i+c)>>chunkLog {
+					prev = syms[i+c-d]
+				}
+				f[c*aa+int(prev)<<ab+int(s)]++
+			}
+		}
+		return fine
+	}
+	// a head's rows into 16-bit counts (a row's channels apart, so that no
+	// increment waits on the one before), added to fine at least every
+	// 65535 rows
+	c16 := make([][wireOrder1Stride]uint16, d)
+	flush := func(hd int) {
+		f := fine[hd*d*aa : (hd+1)*d*aa]
+		for c := range c16 {
+			for k, v := range c16[c][:A*A] {
+				f[c*aa+k] += uint32(v)
+			}
+			c16[c] = [wireOrder1Stride]uint16{}
+		}
+	}
+	for r0 := 0; r0 < w.n/d; r0 += w.tq {
+		hd := r0 / w.tq % h
+		for r := r0; r < r0+w.tq; r++ {
+			if (r-r0)%65535 == 65534 {
+				flush(hd)
+			}
+			i := r * d
+			row := syms[i : i+d]
+			cnt := c16[:len(row)]
+			switch {
+			case r == r0:
+				wireOrder1CountRow(cnt, nil, row, def, ab)
+			case inChunk(i):
+				wireOrder1CountRow(cnt, syms[i-d:i], row, def, ab)
+			default:
+				for k, s := range row {
+					prev := def
+					if (i+k-d)>>chunkLog == (i+k)>>chunkLog {
+						prev = syms[i+k-d]
+					}
+					cnt[k][prev<<ab|s]++
+				}
+			}
+		}
+		flush(hd)
+	}
+	return fine
+}
+
+// wireOrder1CountRow counts a token row of codes (at most 4 bits) into
+// cnt, a channel each, after the previous row prow (nil: every previous
+// code def): 8 channels' byte indexes prev<<ab|sym at a time in a word
+// (each code below 16, so no byte carries into the next).
+func wireOrder1CountRow(cnt [][wireOrder1Stride]uint16, prow, row []uint8, def uint8, ab uint) {
+	cnt = cnt[:len(row)]
+	var pw uint64 = uint64(def) * 0x0101010101010101
+	j := 0
+	for ; j+8 <= len(row); j += 8 {
+		if prow != nil {
+			pw = binary.LittleEndian.Uint64(prow[j:])
+		}
+		key := pw<<ab | binary.LittleEndian.Uint64(row[j:])
+		c := cnt[j : j+8 : j+8]
+		c[0][uint8(key)]++
+		c[1][uint8(key>>8)]++
+		c[2][uint8(key>>16)]++
+		c[3][uint8(key>>24)]++
+		c[4][uint8(key>>32)]++
+		c[5][uint8(key>>40)]++
+		c[6][uint8(key>>48)]++
+		c[7][uint8(key>>56)]++
+	}
+	for ; j < len(row); j++ {
+		prev := def
+		if prow != nil {
+			prev = prow[j]
+		}
+		cnt[j][prev<<ab|row[j]]++
+	}
+}
+
+// wireOrder1Ranks is the rank of each (head, channel)'s mean code within
+// its head (ties by channel), from its counts.
+func wireOrder1Ranks(fine []uint32, h, d, A, aa int) []int {
+	sums := make([]uint64, h*d) // per (head, channel): the codes' sum
+	for hc := range sums {
+		for k, v := range fine[hc*aa : hc*aa+A*A] {
+			sums[hc] += uint64(v) * uint64(k&(A-1))
+		}
+	}
+	rank := make([]int, h*d)
+	order := make([]int, d)
+	for hd := 0; hd < h; hd++ {
+		for c := range order {
+			order[c] = c
+		}
+		hs := sums[hd*d : (hd+1)*d]
+		slices.SortStableFunc(order, func(a, b int) int {
+			switch {
+			case hs[a] < hs[b]:
+				return -1
+			case hs[a] > hs[b]:
+				return 1
+			}
+			return 0
+		})
+		for r, c := range order {
+			rank[hd*d+c] = r
+		}
+	}
+	return rank
+}
+
+// wireOrder1Merge sums the channels' counts into their classes at 2^klog
+// classes a head: counts per (head, class, previous code, symbol).
+func wireOrder1Merge(fine []uint32, rank []int, h, d, klog, A, aa int) []uint32 {
+	K := 1 << klog
+	cm := make([]uint32, h*K*A*A)
+	for hd := 0; hd < h; hd++ {
+		for c := 0; c < d; c++ {
+			ctx := (hd*K + rank[hd*d+c]*K/d) * A
+			src := fine[(hd*d+c)*aa : (hd*d+c)*aa+A*A]
+			dst := cm[ctx*A : (ctx+A)*A]
+			dst = dst[:len(src)]
+			for k, v := range src {
+				dst[k] += v
+			}
+		}
+	}
+	return cm
 }
 
 // marshalOrder1 is marshal for mode 4: version 3, klog, the class map.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -345,6 +346,43 @@ func TestWireOrder1BytesPinned(t *testing.T) {
 		}
 		if got := hex.EncodeToString(hs.Sum(nil)); got != wantStored {
 			t.Errorf("path %v: wireStored hash %s, want %s", p, got, wantStored)
+		}
+	}
+}
+
+// The counts per (head, channel, previous code, symbol) are those of a
+// position-by-position count, for each code width, with chunk boundaries
+// inside rows, odd head_dims (the word loop's tail) and a head of more
+// than 65,535 rows (the 16-bit counts' flush).
+func TestWireOrder1Counts(t *testing.T) {
+	r := rand.New(rand.NewSource(5))
+	for _, tc := range []struct{ h, d, tq, batch, bits, chunkLog int }{
+		{3, 64, 100, 1, 4, 12}, {2, 24, 50, 2, 4, 9}, {1, 5, 40, 1, 3, 6}, {2, 16, 33, 1, 2, 7},
+		{1, 8, 30, 2, 5, 8}, {1, 2, 70000, 1, 4, 22}, {1, 1, 140000, 1, 2, 10},
+	} {
+		w := wireOrder1Shape(tc.h, tc.d, tc.tq, tc.batch, tc.bits)
+		syms := wireOrder1Codes(r, w, 0.9)
+		if tc.tq > 1<<16 { // counts past 65,535
+			for i := range syms {
+				syms[i] = uint8(min(1, i%1000))
+			}
+		}
+		A := 1 << w.bits
+		aa := A * A
+		if w.bits > 4 {
+			aa += 16
+		}
+		want := make([]uint32, tc.h*tc.d*aa)
+		for i, s := range syms {
+			hd, c := i/w.perHeadRun%w.h, i%w.d
+			prev := A / 2
+			if i%w.perHeadRun >= w.d && (i-w.d)>>tc.chunkLog == i>>tc.chunkLog {
+				prev = int(syms[i-w.d])
+			}
+			want[(hd*w.d+c)*aa+prev*A+int(s)]++
+		}
+		if got := wireOrder1Counts(syms, w, tc.chunkLog, aa); !slices.Equal(got, want) {
+			t.Errorf("%+v: counts differ from the position-by-position count", tc)
 		}
 	}
 }
