@@ -85,12 +85,13 @@ type engineFormat struct {
 	quantizeScaled   func(x []float32, dst []byte, k float32) (nonFinite bool, saturated int)
 	dequantizeScaled func(src []byte, dst []float32, k float32)
 	// quantizeRun and dequantizeRun, when set beside them, do the same for
-	// a run of whole consecutive blocks (x and dst of many blocks; k as
-	// for the scaled ones, unused by the others): nonFinite if any block
-	// held a NaN or an Inf, saturated the total. The chunks call them once
-	// where every group is a whole block (Axis Token).
-	quantizeRun   func(x []float32, dst []byte, k float32) (nonFinite bool, saturated int)
-	dequantizeRun func(src []byte, dst []float32, k float32)
+	// a run of whole consecutive blocks of elems values (x and dst of many
+	// blocks; k as for the scaled ones, unused by the others; elems the
+	// head_dim of a per-head format): nonFinite if any block held a NaN or
+	// an Inf, saturated the total. The chunks call them once where every
+	// group is a whole block (Axis Token).
+	quantizeRun   func(x []float32, dst []byte, k float32, elems int) (nonFinite bool, saturated int)
+	dequantizeRun func(src []byte, dst []float32, k float32, elems int)
 	// encodeAll and decodeAll, for an unblocked type, convert a whole
 	// chunk at once (quantizer.encodeAll); nil for block types.
 	encodeAll func(j *tensorJob, x []float32, qlo, qhi int)

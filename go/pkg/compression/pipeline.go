@@ -413,7 +413,7 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	}
 	if f := l.q.engine; f != nil && f.quantizeRun != nil && l.runs() {
 		bb := l.blockBytes
-		nonFinite, n := f.quantizeRun(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], float32(l.s.Scale))
+		nonFinite, n := f.quantizeRun(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], float32(l.s.Scale), l.group)
 		if n > 0 {
 			j.saturated.Add(int64(n))
 		}
@@ -486,7 +486,7 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 		l.q.decodeAll(j, yp, qlo, qhi)
 	} else if f := l.q.engine; f != nil && f.dequantizeRun != nil && l.runs() {
 		bb := l.blockBytes
-		f.dequantizeRun(j.codes[qlo/l.group*bb:qhi/l.group*bb], yp[:qhi-qlo], float32(l.s.Scale))
+		f.dequantizeRun(j.codes[qlo/l.group*bb:qhi/l.group*bb], yp[:qhi-qlo], float32(l.s.Scale), l.group)
 	} else {
 		decode := l.q.decode
 		err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {

@@ -128,19 +128,21 @@ var tqCombos = []engineCombo{
 func tqKeyFormat(name string, b int) *engineFormat {
 	return &engineFormat{name: name, role: KeyRole, pairs: tqPairs, bits: b, perHead: true, evidence: EvidenceExecuted,
 		source: tqSource, boundary: tqBoundary,
-		headSize:   func(d int) int { return (d*b+7)/8 + 2 },
-		headRule:   func(d int) error { return tqKeyRule(name, b, d) },
-		quantize:   func(x []float32, dst []byte) bool { return tqKeyQuantize(b, x, dst) },
-		dequantize: func(src []byte, dst []float32) { tqKeyDequantize(b, src, dst) }}
+		headSize:    func(d int) int { return (d*b+7)/8 + 2 },
+		headRule:    func(d int) error { return tqKeyRule(name, b, d) },
+		quantize:    func(x []float32, dst []byte) bool { return tqKeyQuantize(b, x, dst) },
+		dequantize:  func(src []byte, dst []float32) { tqKeyDequantize(b, src, dst) },
+		quantizeRun: tqKeyQuantizeRun(b), dequantizeRun: tqKeyDequantizeRun(b)}
 }
 
 func tqValueFormat(name string, b int) *engineFormat {
 	return &engineFormat{name: name, role: ValueRole, pairs: tqPairs, bits: b, perHead: true, evidence: EvidenceExecuted,
 		source: tqSource, boundary: tqBoundary,
-		headSize:   func(d int) int { return (d*b+7)/8 + 4 },
-		headRule:   func(d int) error { return tqValueRule(name, b, d) },
-		quantize:   func(x []float32, dst []byte) bool { return tqValueQuantize(b, x, dst) },
-		dequantize: func(src []byte, dst []float32) { tqValueDequantize(b, src, dst) }}
+		headSize:    func(d int) int { return (d*b+7)/8 + 4 },
+		headRule:    func(d int) error { return tqValueRule(name, b, d) },
+		quantize:    func(x []float32, dst []byte) bool { return tqValueQuantize(b, x, dst) },
+		dequantize:  func(src []byte, dst []float32) { tqValueDequantize(b, src, dst) },
+		quantizeRun: tqValueQuantizeRun(b), dequantizeRun: tqValueDequantizeRun(b)}
 }
 
 // tqKeyRule refuses the head sizes vLLM's MSE key store cannot write.
@@ -187,19 +189,47 @@ func tqRotate(x []float32) {
 
 // tqKeyQuantize writes one head vector's MSE indices and fp16 norm.
 func tqKeyQuantize(b int, x []float32, dst []byte) bool {
-	d := len(x)
 	var buf [512]float32
-	y := buf[:0]
-	if d > len(buf) {
-		y = make([]float32, 0, d)
+	var kbuf [512]int8
+	y, ks := buf[:], kbuf[:]
+	if len(x) > len(buf) {
+		y, ks = make([]float32, len(x)), make([]int8, len(x))
 	}
+	return tqKeyQuantizeNorm(b, x, dst, tqSumSquares(x), y, ks)
+}
+
+// tqSumSquares is ||x||² as tqKeyQuantize takes it: each square rounded,
+// then summed in index order.
+func tqSumSquares(x []float32) float32 {
 	var ss float32
 	for _, v := range x {
-		ss += float32(v * v) // each square rounded, then summed in order
+		ss += float32(v * v)
 	}
+	return ss
+}
+
+// tqSumSquares4 is tqSumSquares of the four head vectors of d values in x,
+// in one loop: four chains of dependent additions side by side, each in
+// its vector's index order.
+func tqSumSquares4(x []float32, d int, ss *[4]float32) {
+	x0, x1, x2, x3 := x[:d], x[d:2*d], x[2*d:3*d], x[3*d:4*d]
+	var s0, s1, s2, s3 float32
+	for i, v := range x0 {
+		s0 += float32(v * v)
+		s1 += float32(x1[i] * x1[i])
+		s2 += float32(x2[i] * x2[i])
+		s3 += float32(x3[i] * x3[i])
+	}
+	*ss = [4]float32{s0, s1, s2, s3}
+}
+
+// tqKeyQuantizeNorm is tqKeyQuantize given ||x||² (ss), with scratch y and
+// ks of at least len(x) each.
+func tqKeyQuantizeNorm(b int, x []float32, dst []byte, ss float32, y []float32, ks []int8) bool {
+	d := len(x)
 	norm := float32(math.Sqrt(float64(ss))) // correctly rounded (a float64 root rounds to the float32 one)
 	den := norm + 1e-8
-	y = append(y, x...)
+	y = append(y[:0], x...)
 	n := simdLen(d)
 	if n > 0 {
 		divAVX2(y[:n], den) // IEEE division, 8 at a time
@@ -210,11 +240,6 @@ func tqKeyQuantize(b int, x []float32, dst []byte) bool {
 	tqRotate(y)
 	mid := tqTableOf(d, b).mids
 	codes := dst[:(d*b+7)/8]
-	var kbuf [512]int8
-	ks := kbuf[:]
-	if d > len(kbuf) {
-		ks = make([]int8, d)
-	}
 	ks = ks[:d]
 	m := 0
 	if useSIMD {
@@ -241,6 +266,30 @@ func tqKeyQuantize(b int, x []float32, dst []byte) bool {
 	tqPack(codes, b, ks)
 	binary.LittleEndian.PutUint16(dst[len(codes):], safetensors.Float32ToFP16(norm))
 	return firstNonFinite(x) >= 0
+}
+
+// tqKeyQuantizeRun is tqKeyQuantize over a run of whole head vectors of d
+// values (quantizeRun): their norms four at a time (tqSumSquares4), one
+// scratch for the run.
+func tqKeyQuantizeRun(b int) func(x []float32, dst []byte, _ float32, d int) (bool, int) {
+	return func(x []float32, dst []byte, _ float32, d int) (nonFinite bool, _ int) {
+		hs := (d*b+7)/8 + 2
+		y, ks := make([]float32, d), make([]int8, d)
+		var ss [4]float32
+		for h := 0; h < len(x)/d; h += 4 {
+			m := min(4, len(x)/d-h)
+			if m == 4 {
+				tqSumSquares4(x[h*d:(h+4)*d], d, &ss)
+			}
+			for v := h; v < h+m; v++ {
+				if m < 4 {
+					ss[v-h] = tqSumSquares(x[v*d : (v+1)*d])
+				}
+				nonFinite = tqKeyQuantizeNorm(b, x[v*d:(v+1)*d], dst[v*hs:(v+1)*hs], ss[v-h], y, ks) || nonFinite
+			}
+		}
+		return nonFinite, 0
+	}
 }
 
 // tqPut stores code k of a head vector: 4-bit two a byte, even index low;
@@ -314,20 +363,27 @@ func tqGet(codes []byte, b, i int) int {
 func tqKeyDequantize(b int, src []byte, dst []float32) {
 	d := len(dst)
 	cents := tqCentroids(d, b)
-	n := (d*b + 7) / 8
 	var kbuf [512]int8
 	ks := kbuf[:0]
 	if d > len(kbuf) {
 		ks = make([]int8, d)
 	}
 	ks = ks[:d]
-	tqUnpack(ks, src[:n], b)
+	tqUnpack(ks, src[:(d*b+7)/8], b)
 	var ss float32
 	for i, k := range ks {
 		c := cents[k]
 		dst[i] = c
 		ss += float32(c * c)
 	}
+	tqKeyFinish(b, src, dst, ss)
+}
+
+// tqKeyFinish is the rest of tqKeyDequantize once dst holds the
+// centroids and ss their sum of squares (index order): the norm
+// correction, the stored norm, the rotation back.
+func tqKeyFinish(b int, src []byte, dst []float32, ss float32) {
+	n := (len(dst)*b + 7) / 8
 	inv := 1 / float32(math.Sqrt(float64(ss+1e-16)))
 	norm := safetensors.FP16ToFloat32(binary.LittleEndian.Uint16(src[n:]))
 	scale(dst, inv)  // c·inv
@@ -335,8 +391,68 @@ func tqKeyDequantize(b int, src []byte, dst []float32) {
 	tqRotate(dst)
 }
 
+// tqKeyDequantizeRun is tqKeyDequantize over a run of whole head vectors of
+// d values (dequantizeRun): the centroids' sums of squares four vectors at
+// a time, each in index order.
+func tqKeyDequantizeRun(b int) func(src []byte, dst []float32, _ float32, d int) {
+	return func(src []byte, dst []float32, _ float32, d int) {
+		hs, nb := (d*b+7)/8+2, (d*b+7)/8
+		cents := tqCentroids(d, b)
+		ks := make([]int8, 4*d)
+		for h := 0; h < len(dst)/d; h += 4 {
+			if h+4 > len(dst)/d {
+				for v := h; v < len(dst)/d; v++ {
+					tqKeyDequantize(b, src[v*hs:(v+1)*hs], dst[v*d:(v+1)*d])
+				}
+				break
+			}
+			for v := 0; v < 4; v++ {
+				tqUnpack(ks[v*d:(v+1)*d], src[(h+v)*hs:(h+v)*hs+nb], b)
+			}
+			y0, y1, y2, y3 := dst[h*d:(h+1)*d], dst[(h+1)*d:(h+2)*d], dst[(h+2)*d:(h+3)*d], dst[(h+3)*d:(h+4)*d]
+			k1, k2, k3 := ks[d:2*d], ks[2*d:3*d], ks[3*d:4*d]
+			var s0, s1, s2, s3 float32
+			for i, k := range ks[:d] {
+				c0, c1, c2, c3 := cents[k], cents[k1[i]], cents[k2[i]], cents[k3[i]]
+				y0[i], y1[i], y2[i], y3[i] = c0, c1, c2, c3
+				s0 += float32(c0 * c0)
+				s1 += float32(c1 * c1)
+				s2 += float32(c2 * c2)
+				s3 += float32(c3 * c3)
+			}
+			for v, ss := range [4]float32{s0, s1, s2, s3} {
+				tqKeyFinish(b, src[(h+v)*hs:(h+v+1)*hs], dst[(h+v)*d:(h+v+1)*d], ss)
+			}
+		}
+	}
+}
+
 // tqValueQuantize writes one head vector's uniform codes, fp16 scale and zero.
 func tqValueQuantize(b int, x []float32, dst []byte) bool {
+	var y [512]float32
+	var q [512]uint8
+	if len(x) > len(y) {
+		return tqValueQuantizeInto(b, x, dst, make([]float32, len(x)), make([]uint8, len(x)))
+	}
+	return tqValueQuantizeInto(b, x, dst, y[:], q[:])
+}
+
+// tqValueQuantizeRun is tqValueQuantize over a run of whole head vectors of
+// d values (quantizeRun), one scratch for the run.
+func tqValueQuantizeRun(b int) func(x []float32, dst []byte, _ float32, d int) (bool, int) {
+	return func(x []float32, dst []byte, _ float32, d int) (nonFinite bool, _ int) {
+		hs := (d*b+7)/8 + 4
+		y, q := make([]float32, d), make([]uint8, d)
+		for v := 0; v < len(x)/d; v++ {
+			nonFinite = tqValueQuantizeInto(b, x[v*d:(v+1)*d], dst[v*hs:(v+1)*hs], y, q) || nonFinite
+		}
+		return nonFinite, 0
+	}
+}
+
+// tqValueQuantizeInto is tqValueQuantize with scratch y and q of at least
+// len(x) each.
+func tqValueQuantizeInto(b int, x []float32, dst []byte, y []float32, q []uint8) bool {
 	// min and max of x as Go's min and max give them, -0 below +0: minMax
 	// (its AVX2 kernel) unless x holds a NaN, which the builtins propagate
 	lo, hi, abits := minMax(x)
@@ -353,13 +469,23 @@ func tqValueQuantize(b int, x []float32, dst []byte) bool {
 	}
 	n := (len(x)*b + 7) / 8
 	codes := dst[:n]
-	var kbuf [512]int8
-	ks := kbuf[:]
-	if len(x) > len(kbuf) {
-		ks = make([]int8, len(x))
+	ks := codesOf(q[:len(x)])
+	m := 0
+	if useSIMD && len(x)%GGMLBlock == 0 {
+		// (v-lo)/scale by the IEEE division kernel, then offsetCodes32's
+		// truncCode(float32(y·1) + 0.5, top): y·1 is y, the rest as below
+		y = y[:len(x)]
+		for i, v := range x {
+			y[i] = v - lo
+		}
+		divAVX2(y, scale)
+		for g := 0; g < len(x); g += GGMLBlock {
+			offsetCodes32AVX2(q[g:g+GGMLBlock], y[g:g+GGMLBlock], 0, 1, 0.5, top)
+		}
+		m = len(x)
 	}
-	ks = ks[:len(x)]
-	for i, v := range x {
+	for i, v := range x[m:] {
+		i += m
 		q := float32(float32((v-lo)/scale) + 0.5)
 		// clamp(trunc(q), 0, top), and 0 for a NaN (the GPU's float-to-int
 		// conversion of it): a NaN (never else below 0.5) is 0, then the
@@ -388,6 +514,17 @@ func tqValueDequantize(b int, src []byte, dst []float32) {
 	ks = ks[:len(dst)]
 	tqUnpack(ks, src[:n], b)
 	dequantAsym(dst, ks, 0xff, scale, zero) // float32(float32(q)·scale) + zero: q·scale is exact, one rounding
+}
+
+// tqValueDequantizeRun is tqValueDequantize over a run of whole head
+// vectors of d values (dequantizeRun).
+func tqValueDequantizeRun(b int) func(src []byte, dst []float32, _ float32, d int) {
+	return func(src []byte, dst []float32, _ float32, d int) {
+		hs := (d*b+7)/8 + 4
+		for v := 0; v < len(dst)/d; v++ {
+			tqValueDequantize(b, src[v*hs:(v+1)*hs], dst[v*d:(v+1)*d])
+		}
+	}
 }
 
 // encodeTQKeyFP8 and decodeTQKeyFP8 are turboquant_k8's conversion of a

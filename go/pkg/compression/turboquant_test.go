@@ -593,3 +593,51 @@ func TestTurboQuantPackIsPut(t *testing.T) {
 		}
 	}
 }
+
+// A run of head vectors (quantizeRun, dequantizeRun: the chunks' path)
+// stores and reads the bytes and values of one head vector at a time, on
+// both code paths, for runs not a multiple of the four vectors whose
+// norms are summed together, with an all-zero head, outliers, values past
+// any range, and a NaN and an Inf head.
+func TestTurboQuantRunsMatchHeads(t *testing.T) {
+	defer func() { useSIMD = haveSIMD }()
+	r := rand.New(rand.NewSource(23))
+	for _, name := range []string{"turboquant_k4_nc", "turboquant_k3_nc", "turboquant_v4", "turboquant_v3"} {
+		f := tqFormat(t, name)
+		for _, d := range []int{16, 64, 128, 256, 512} {
+			for _, n := range []int{1, 3, 4, 5, 9} {
+				x := make([]float32, 0, n*d)
+				for h := 0; h < n; h++ {
+					x = append(x, tqRandomHead(r, d, []float64{1, 30, 1e-3}[h%3])...)
+				}
+				if n > 3 {
+					clear(x[d : 2*d])                               // an all-zero head
+					x[3*d+1], x[2*d+5] = 7e4, float32(math.Inf(-1)) // past fp16's range; an Inf
+				}
+				if n > 5 {
+					x[5*d+2] = float32(math.NaN())
+				}
+				hs := f.headSize(d)
+				for _, simd := range []bool{haveSIMD, false} {
+					useSIMD = simd
+					want, wantNF := make([]byte, n*hs), false
+					wantY := make([]float32, n*d)
+					for h := 0; h < n; h++ {
+						wantNF = f.quantize(x[h*d:(h+1)*d], want[h*hs:(h+1)*hs]) || wantNF
+						f.dequantize(want[h*hs:(h+1)*hs], wantY[h*d:(h+1)*d])
+					}
+					got := make([]byte, n*hs)
+					nf, sat := f.quantizeRun(x, got, 1, d)
+					gotY := make([]float32, n*d)
+					f.dequantizeRun(want, gotY, 1, d)
+					if !slices.Equal(got, want) || nf != wantNF || sat != 0 {
+						t.Errorf("%s d=%d n=%d simd=%v: the run stores other bytes (nonFinite %v, want %v)", name, d, n, simd, nf, wantNF)
+					}
+					if !slices.Equal(bitsOf(gotY), bitsOf(wantY)) {
+						t.Errorf("%s d=%d n=%d simd=%v: the run reads other values", name, d, n, simd)
+					}
+				}
+			}
+		}
+	}
+}
