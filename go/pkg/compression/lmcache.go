@@ -91,14 +91,7 @@ var lmcache = &engine{
 // (saturated). An older torch gives NaN past 464 instead: not modelled.
 func encodeLMCacheFP8All(j *tensorJob, x []float32, qlo, qhi int) {
 	codes := j.codes[qlo:qhi]
-	top, n := fp8E4M3.decode[fp8E4M3.maxCode], int64(0)
-	for i, v := range x[:len(codes)] {
-		if v > top || v < -top {
-			n++
-		}
-		codes[i] = fp8E4M3.encode(v)
-	}
-	j.saturated.Add(n)
+	j.saturated.Add(e4m3EncodeCount(codes, x[:len(codes)], 1)) // v·1 is v
 }
 
 // decodeLMCacheFP8All is the fp8 serde's read (v1/distributed/serde/

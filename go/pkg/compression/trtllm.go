@@ -1,6 +1,10 @@
 package compression
 
-import "math"
+import (
+	"math"
+
+	"kvlib/pkg/safetensors"
+)
 
 // TensorRT-LLM's 8-bit KV caches, as its C++ AttentionOp writes them (the
 // same kernels under the PyTorch backend and the TensorRT engine; read
@@ -107,6 +111,12 @@ func encodeTRTFP8All(j *tensorJob, x []float32, qlo, qhi int) {
 	codes := j.codes[qlo:qhi]
 	round := dtypeRounding(j.dtype)
 	s := round(float32(1) / float32(j.l.s.Scale))
+	if j.dtype == safetensors.F32 || s == 1 {
+		// round(v·s) is float32(v·s): the dtype's rounding is none for a
+		// float32 cache, and v·1 is v, already of the dtype
+		j.saturated.Add(e4m3EncodeCount(codes, x[:len(codes)], s))
+		return
+	}
 	top, n := fp8E4M3.decode[fp8E4M3.maxCode], int64(0)
 	for i, v := range x[:len(codes)] {
 		y := round(v * s)

@@ -289,18 +289,57 @@ func e4m3Encode(codes []uint8, x []float32, mul float32) int {
 	return n
 }
 
+// e4m3EncodeCount writes fp8E4M3.encode(float32(x_i·mul)) for all of x, by
+// e4m3Encode's kernel where there is one, and returns how many of those
+// products lie beyond ±448 (the values the conversion saturates; a NaN
+// is none).
+func e4m3EncodeCount(codes []uint8, x []float32, mul float32) int64 {
+	top := fp8E4M3.decode[fp8E4M3.maxCode]
+	var n int64
+	m := e4m3Encode(codes, x, mul)
+	for _, v := range x[:m] {
+		if y := float32(v * mul); y > top || y < -top {
+			n++
+		}
+	}
+	for i, v := range x[m:] {
+		y := float32(v * mul)
+		if y > top || y < -top {
+			n++
+		}
+		codes[m+i] = fp8E4M3.encode(y)
+	}
+	return n
+}
+
 // encodeFP8All and decodeFP8All are a per-tensor FP8 format's conversion
 // of a whole chunk, with the scheme's static scale.
 func encodeFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi int) {
 	return func(j *tensorJob, x []float32, qlo, qhi int) {
 		scale, codes := float32(j.l.s.Scale), j.codes[qlo:qhi]
 		top, n := f.decode[f.maxCode], int64(0)
-		for i, v := range x[:len(codes)] {
+		x = x[:len(codes)]
+		m := 0
+		if f == fp8E4M3 && useSIMD {
+			// v/scale into a scratch by the IEEE division kernel (v/1 is v),
+			// then e4m3Encode's kernel of encode(y·1), y·1 being y
+			var buf [1024]float32
+			for m+32 <= len(x) {
+				y := buf[:min(len(buf), (len(x)-m)&^31)]
+				copy(y, x[m:])
+				if scale != 1 {
+					divAVX2(y, scale)
+				}
+				n += e4m3EncodeCount(codes[m:m+len(y)], y, 1)
+				m += len(y)
+			}
+		}
+		for i, v := range x[m:] {
 			y := v / scale
 			if y > top || y < -top {
 				n++
 			}
-			codes[i] = f.encode(y)
+			codes[m+i] = f.encode(y)
 		}
 		j.saturated.Add(n)
 	}

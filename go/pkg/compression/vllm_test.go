@@ -2,7 +2,11 @@ package compression
 
 import (
 	"math"
+	"math/rand"
+	"slices"
 	"testing"
+
+	"kvlib/pkg/safetensors"
 )
 
 // Every finite float8 value converts to its own code; a value halfway
@@ -147,6 +151,66 @@ func TestTorchFP8CastIsNotSaturating(t *testing.T) {
 		for _, f := range []*fp8Format{fp8E4M3, fp8E5M2} {
 			if c <= int(f.maxCode) && f.encodeTorch(f.decode[c]) != uint8(c) {
 				t.Errorf("%g", f.decode[c])
+			}
+		}
+	}
+}
+
+// The per-tensor FP8 conversions of a chunk (vLLM's and SGLang's
+// encodeFP8All, TensorRT-LLM's, LMCache's) store the codes and count the
+// saturated values of the engine's arithmetic element by element, on both
+// code paths,
+// for scale 1 and calibrated scales, float32 and float16 caches, NaN, Inf,
+// values past the range, subnormals, and lengths not a multiple of 32.
+func TestFP8AllKernelMatchesScalar(t *testing.T) {
+	defer func() { useSIMD = haveSIMD }()
+	r := rand.New(rand.NewSource(8))
+	// each conversion, and its value before the cast, element by element
+	type conv struct {
+		f   *fp8Format
+		all func(j *tensorJob, x []float32, qlo, qhi int)
+		y   func(v float32, scale float64, dt safetensors.DType) float32
+	}
+	convs := map[string]conv{
+		"vllm e4m3": {fp8E4M3, encodeFP8All(fp8E4M3), func(v float32, k float64, _ safetensors.DType) float32 { return v / float32(k) }},
+		"vllm e5m2": {fp8E5M2, encodeFP8All(fp8E5M2), func(v float32, k float64, _ safetensors.DType) float32 { return v / float32(k) }},
+		"trtllm": {fp8E4M3, encodeTRTFP8All, func(v float32, k float64, dt safetensors.DType) float32 {
+			round := dtypeRounding(dt)
+			return round(v * round(float32(1)/float32(k)))
+		}},
+		"lmcache": {fp8E4M3, encodeLMCacheFP8All, func(v float32, _ float64, _ safetensors.DType) float32 { return v }},
+	}
+	for name, c := range convs {
+		for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16} {
+			for _, scale := range []float64{1, 0.37, 3.1, 1e-3} {
+				for _, n := range []int{31, 32, 1000, 1024, 2100} {
+					x := make([]float32, n)
+					for i := range x {
+						x[i] = float32(r.NormFloat64() * []float64{1, 300, 1e-6}[i%3])
+						if dt == safetensors.F16 {
+							x[i] = safetensors.FP16ToFloat32(safetensors.Float32ToFP16(x[i]))
+						}
+					}
+					x[n/2], x[n/3], x[n-1] = float32(math.NaN()), float32(math.Inf(-1)), 6e4
+					want, wantSat := make([]byte, n), int64(0)
+					top := c.f.decode[c.f.maxCode]
+					for i, v := range x {
+						y := c.y(v, scale, dt)
+						if y > top || y < -top {
+							wantSat++
+						}
+						want[i] = c.f.encode(y)
+					}
+					for _, simd := range []bool{false, haveSIMD} {
+						useSIMD = simd
+						j := &tensorJob{dtype: dt, l: &layout{s: Scheme{Scale: scale}}, codes: make([]byte, n)}
+						c.all(j, x, 0, n)
+						if sat := j.saturated.Load(); !slices.Equal(j.codes, want) || sat != wantSat {
+							t.Errorf("%s %s scale %v n %d simd %v: other codes, or %d saturated, not %d",
+								name, dt, scale, n, simd, sat, wantSat)
+						}
+					}
+				}
 			}
 		}
 	}
