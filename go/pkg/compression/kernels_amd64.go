@@ -63,6 +63,12 @@ func offsetCodes32AVX2(q []uint8, x []float32, lo, id, off, qmax float32)
 //go:noescape
 func roundCodes32AVX2(q []uint8, x []float32, id float32)
 
+// int8HeadCodesAVX2 is int8_per_token_head's codes (perHeadQuantizer) of
+// x, a multiple of 32 values.
+//
+//go:noescape
+func int8HeadCodesAVX2(q []uint8, x []float32, inv float32)
+
 //go:noescape
 func transposeAVX2(dst, src []float32, r, c int)
 

@@ -629,7 +629,7 @@ GLOBL inf<>(SB), RODATA|NOPTR, $4
 	VORPS      Y11, R, R \
 	VANDPS     Y6, R, R \
 	VADDPS     R, Y4, R \
-	VMINPS     Y14, R, R \
+	VMINPS     R, Y14, R \
 	VMAXPS     Y15, R, R \
 	VANDPS     Y13, R, R \
 	VCVTTPS2DQ R, R
@@ -2252,5 +2252,57 @@ TEXT ·iq4nlQuant2AVX2(SB), NOSPLIT, $256-40
 	iq4nlSums2(64)
 	iq4nlSums2(96)
 	VMOVUPS X4, sums+24(FP)
+	VZEROUPPER
+	RET
+
+// int8HeadCode is vLLM's int8_per_token_head code of the 8 values at
+// OFF(SI), into R: q = float32(x * inv), then q ± 0.5 by q's sign, clamped
+// to [-128, 127] (Y15, Y14: VMINPS and VMAXPS return their second source,
+// q, for a NaN, which stays one), a NaN made 0 (the low byte of the scalar
+// conversion's 0x80000000), truncated.
+#define int8HeadCode(OFF, R) \
+	VMULPS     OFF(SI), Y9, R \
+	VANDNPS    R, Y7, Y6 \
+	VORPS      Y10, Y6, Y6 \
+	VADDPS     Y6, R, R \
+	VMINPS     R, Y14, R \
+	VMAXPS     R, Y15, R \
+	VCMPPS     $3, R, R, Y13 \
+	VANDNPS    R, Y13, R \
+	VCVTTPS2DQ R, R
+
+// func int8HeadCodesAVX2(q []uint8, x []float32, inv float32)
+//
+// The codes of len(x) values (a multiple of 32), 32 a step.
+TEXT ·int8HeadCodesAVX2(SB), NOSPLIT, $0-52
+	MOVQ         q_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	MOVQ         x_len+32(FP), CX
+	SHRQ         $5, CX
+	VBROADCASTSS inv+48(FP), Y9
+	VMOVDQU      absmask<>(SB), Y7
+	VBROADCASTSS half<>(SB), Y10
+	MOVL         $0x42fe0000, AX // 127
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL         $0xc3000000, AX // -128
+	VMOVD        AX, X15
+	VPBROADCASTD X15, Y15
+	VMOVDQU      packorder<>(SB), Y5
+
+i8h_loop:
+	TESTQ CX, CX
+	JZ    i8h_done
+	int8HeadCode(0, Y0)
+	int8HeadCode(32, Y1)
+	int8HeadCode(64, Y2)
+	int8HeadCode(96, Y3)
+	packCodes32(VPACKSSWB)
+	ADDQ  $128, SI
+	ADDQ  $32, DI
+	DECQ  CX
+	JMP   i8h_loop
+
+i8h_done:
 	VZEROUPPER
 	RET

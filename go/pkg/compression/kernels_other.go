@@ -32,6 +32,7 @@ func scaleAVX2([]float32, float32)                                             {
 func argAbsMax32AVX2([]float32) (int, uint32)                                  { noSIMD(); return 0, 0 }
 func offsetCodes32AVX2([]uint8, []float32, float32, float32, float32, float32) { noSIMD() }
 func roundCodes32AVX2([]uint8, []float32, float32)                             { noSIMD() }
+func int8HeadCodesAVX2([]uint8, []float32, float32)                            { noSIMD() }
 func transposeAVX2([]float32, []float32, int, int)                             { noSIMD() }
 func clampAbsAVX2([]float32, float32)                                          { noSIMD() }
 func lmErr8AVX2([]float32, *[15]float32, *[16]float32, *[8]float32)            { noSIMD() }

@@ -273,6 +273,33 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s.String()
 		},
+		"int8PerTokenHead": func(x []float32, r *rand.Rand) string {
+			// vLLM's int8_per_token_head write and read of head vectors of
+			// x (the codes' kernel on whole 32s, the Go loop on the rest)
+			var s strings.Builder
+			q, dq := perHeadQuantizer(perHeadInt8), perHeadDequantizer(perHeadInt8)
+			inf := slices.Clone(x) // heads with an Inf (a scale of Inf: Inf·0 is a NaN code) or a NaN
+			for i := 5; i < len(inf); i += 37 {
+				inf[i] = float32(math.Inf(1 - 2*(i&1)))
+			}
+			for i := 70; i < len(inf); i += 301 {
+				inf[i] = float32(math.NaN())
+			}
+			for _, d := range []int{32, 64, 96, 40, -64} {
+				x := x
+				if d < 0 {
+					x, d = inf, -d
+				}
+				for i := 0; i+d <= len(x); i += d {
+					dst := make([]byte, d+4)
+					nf := q(x[i:i+d], dst)
+					y := make([]float32, d)
+					dq(dst, y)
+					s.WriteString(fmt.Sprint(nf, dst) + bitsOf(y))
+				}
+			}
+			return s.String()
+		},
 		"nvfp4FourSix": func(x []float32, r *rand.Rand) string {
 			// the kernel of nvfp4_4over6's choice against fourSixError, on finite
 			// blocks and the output scales candidate gives (0, normal, Inf), the

@@ -371,16 +371,21 @@ var (
 // an Inf.
 func perHeadQuantizer(p perHeadCode) func(x []float32, dst []byte) bool {
 	return func(x []float32, dst []byte) bool {
-		var top uint32 // the largest |x| as float32 bits (they order as the magnitudes; NaN above Inf)
-		for _, v := range x {
-			top = max(top, math.Float32bits(v)&0x7fffffff)
-		}
+		top := absMaxBits(x) // the largest |x| as float32 bits (they order as the magnitudes; NaN above Inf)
 		nonFinite := top >= 0x7f800000
 		scale := max(math.Float32frombits(top)/p.qmax, 1e-6)
 		inv := 1 / scale
 		codes := dst[:len(x)]
 		if p.int8 {
-			for i, v := range x {
+			m := 0
+			if useSIMD {
+				m = len(x) &^ 31
+				if m > 0 {
+					int8HeadCodesAVX2(codes[:m], x[:m], inv)
+				}
+			}
+			for i, v := range x[m:] {
+				i += m
 				q := float32(v * inv) // rounded before 0.5 is added: no fused multiply-add
 				// ±0.5 by q's sign (the kernel's q >= 0 ? q + 0.5 : q - 0.5; a -0 gives code 0
 				// either way), then the clamp and the store's truncation
@@ -410,9 +415,7 @@ func perHeadDequantizer(p perHeadCode) func(src []byte, dst []float32) {
 		scale := math.Float32frombits(binary.LittleEndian.Uint32(src[len(dst):]))
 		codes := src[:len(dst)]
 		if p.int8 {
-			for i, c := range codes {
-				dst[i] = float32(int8(c)) * scale
-			}
+			dequantSym(dst, codesOf(codes), scale) // float32(int8(c)) * scale
 			return
 		}
 		for i, c := range codes {
