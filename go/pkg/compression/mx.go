@@ -45,12 +45,15 @@ type mxElement struct {
 	encode func(float64) uint8 // round to nearest even, saturating
 	decode func(uint8) float32
 	nibble bool // two codes per byte, element 2i in the low nibble
+	// table, for a byte element, is decode as a table (the read's loop
+	// indexes it rather than call decode a value)
+	table *[256]float32
 }
 
 var (
 	mxFP8 = mxElement{emax: 8, nibble: false,
 		encode: func(v float64) uint8 { return fp8E4M3.encode(float32(v)) }, // |v| < 2^9: exact in float32
-		decode: func(c uint8) float32 { return fp8E4M3.decode[c] }}
+		decode: func(c uint8) float32 { return fp8E4M3.decode[c] }, table: fp8E4M3.decode}
 	mxFP4 = mxElement{emax: 2, nibble: true, encode: e2m1RNE,
 		decode: func(c uint8) float32 {
 			v := e2m1Values[c&7]
@@ -143,6 +146,12 @@ func mxDequantizer(el mxElement) func(src []byte, dst []float32) {
 		if el.nibble && useSIMD { // E2M1 value · scale · 1: nvfp4's read
 			nvfp4DecAVX2((*[nvfp4Block]float32)(dst[:16]), (*[nvfp4Block / 2]byte)(src[:8]), scale, 1)
 			nvfp4DecAVX2((*[nvfp4Block]float32)(dst[16:32]), (*[nvfp4Block / 2]byte)(src[8:16]), scale, 1)
+			return
+		}
+		if el.table != nil {
+			for i, c := range src[:mxBlock] {
+				dst[i] = el.table[c] * scale
+			}
 			return
 		}
 		for i := range dst[:mxBlock] {

@@ -102,11 +102,35 @@ func encodeTorchFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi in
 		scale, codes := float32(j.l.s.Scale), j.codes[qlo:qhi]
 		round := dtypeRounding(j.dtype)
 		s := round(scale)
-		for i, v := range x[:len(codes)] {
+		x = x[:len(codes)]
+		m := 0
+		if f == fp8E4M3 && useSIMD && (scale == 1 || j.dtype == safetensors.F32) {
+			// v/s by the division kernel into a scratch (no dtype rounding
+			// for a float32 cache), e4m3Encode's saturating kernel, then
+			// torch's cast where they differ: past 464 (448's halfway to
+			// 480, which rounds to 448), an Inf and a NaN are its NaN, signed
+			var buf [1024]float32
+			for m+32 <= len(x) {
+				y := buf[:min(len(buf), (len(x)-m)&^31)]
+				copy(y, x[m:])
+				if scale != 1 {
+					divAVX2(y, s)
+				}
+				c := codes[m : m+len(y)]
+				c = c[:e4m3Encode(c, y, 1)]
+				for i, v := range y[:len(c)] {
+					if u := math.Float32bits(v); u&0x7fffffff > 0x43e80000 {
+						c[i] = uint8(u>>24)&0x80 | 0x7f
+					}
+				}
+				m += len(y)
+			}
+		}
+		for i, v := range x[m:] {
 			if scale != 1 {
 				v = round(v / s)
 			}
-			codes[i] = f.encodeTorch(v)
+			codes[m+i] = f.encodeTorch(v)
 		}
 	}
 }

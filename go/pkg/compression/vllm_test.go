@@ -167,18 +167,28 @@ func TestFP8AllKernelMatchesScalar(t *testing.T) {
 	r := rand.New(rand.NewSource(8))
 	// each conversion, and its value before the cast, element by element
 	type conv struct {
-		f   *fp8Format
-		all func(j *tensorJob, x []float32, qlo, qhi int)
-		y   func(v float32, scale float64, dt safetensors.DType) float32
+		f     *fp8Format
+		all   func(j *tensorJob, x []float32, qlo, qhi int)
+		y     func(v float32, scale float64, dt safetensors.DType) float32
+		torch bool // torch's cast (encodeTorch), which counts nothing
+	}
+	torchY := func(v float32, k float64, dt safetensors.DType) float32 {
+		if k == 1 {
+			return v
+		}
+		round := dtypeRounding(dt)
+		return round(v / round(float32(k)))
 	}
 	convs := map[string]conv{
-		"vllm e4m3": {fp8E4M3, encodeFP8All(fp8E4M3), func(v float32, k float64, _ safetensors.DType) float32 { return v / float32(k) }},
-		"vllm e5m2": {fp8E5M2, encodeFP8All(fp8E5M2), func(v float32, k float64, _ safetensors.DType) float32 { return v / float32(k) }},
+		"vllm e4m3": {fp8E4M3, encodeFP8All(fp8E4M3), func(v float32, k float64, _ safetensors.DType) float32 { return v / float32(k) }, false},
+		"vllm e5m2": {fp8E5M2, encodeFP8All(fp8E5M2), func(v float32, k float64, _ safetensors.DType) float32 { return v / float32(k) }, false},
 		"trtllm": {fp8E4M3, encodeTRTFP8All, func(v float32, k float64, dt safetensors.DType) float32 {
 			round := dtypeRounding(dt)
 			return round(v * round(float32(1)/float32(k)))
-		}},
-		"lmcache": {fp8E4M3, encodeLMCacheFP8All, func(v float32, _ float64, _ safetensors.DType) float32 { return v }},
+		}, false},
+		"lmcache":     {fp8E4M3, encodeLMCacheFP8All, func(v float32, _ float64, _ safetensors.DType) float32 { return v }, false},
+		"sglang e4m3": {fp8E4M3, encodeTorchFP8All(fp8E4M3), torchY, true},
+		"sglang e5m2": {fp8E5M2, encodeTorchFP8All(fp8E5M2), torchY, true},
 	}
 	for name, c := range convs {
 		for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16} {
@@ -192,10 +202,16 @@ func TestFP8AllKernelMatchesScalar(t *testing.T) {
 						}
 					}
 					x[n/2], x[n/3], x[n-1] = float32(math.NaN()), float32(math.Inf(-1)), 6e4
+					x[n/4], x[n/5] = -float32(math.NaN()), float32(math.Inf(1))
+					x[n/6], x[n/7], x[n/8] = 464, 463.9, -464.1 // torch's cast: 448, 448, NaN at scale 1
 					want, wantSat := make([]byte, n), int64(0)
 					top := c.f.decode[c.f.maxCode]
 					for i, v := range x {
 						y := c.y(v, scale, dt)
+						if c.torch {
+							want[i] = c.f.encodeTorch(y)
+							continue
+						}
 						if y > top || y < -top {
 							wantSat++
 						}
