@@ -85,13 +85,12 @@ type engineFormat struct {
 	quantizeScaled   func(x []float32, dst []byte, k float32) (nonFinite bool, saturated int)
 	dequantizeScaled func(src []byte, dst []float32, k float32)
 	// quantizeRun and dequantizeRun, when set beside them, do the same for
-	// a run of whole consecutive blocks of elems values (x and dst of many
-	// blocks; k as for the scaled ones, unused by the others; elems the
-	// head_dim of a per-head format): nonFinite if any block held a NaN or
-	// an Inf, saturated the total. The chunks call them once where every
-	// group is a whole block (Axis Token).
-	quantizeRun   func(x []float32, dst []byte, k float32, elems int) (nonFinite bool, saturated int)
-	dequantizeRun func(src []byte, dst []float32, k float32, elems int)
+	// a run of whole consecutive blocks (x and dst of many blocks, converted
+	// as r says): nonFinite if any block held a NaN or an Inf, saturated the
+	// total. The chunks call them once where every group is a whole block
+	// (Axis Token).
+	quantizeRun   func(x []float32, dst []byte, r blockRun) (nonFinite bool, saturated int)
+	dequantizeRun func(src []byte, dst []float32, r blockRun)
 	// encodeAll and decodeAll, for an unblocked type, convert a whole
 	// chunk at once (quantizer.encodeAll); nil for block types.
 	encodeAll func(j *tensorJob, x []float32, qlo, qhi int)
@@ -127,6 +126,16 @@ type engineFormat struct {
 	// first and last two of a TurboQuant cache at the model's dtype):
 	// kv-compress stores them with none (withEngineSkips).
 	boundary int
+}
+
+// A blockRun is how a run of blocks is converted: k, the scheme's static
+// scale (as quantizeScaled's; unused by the unscaled formats), elems, the
+// values a block (a per-head format's head_dim), and the cache's dtype
+// (as quantizeDT's).
+type blockRun struct {
+	k     float32
+	elems int
+	dtype safetensors.DType
 }
 
 // An engineCombo is an engine option made of one format for K and another

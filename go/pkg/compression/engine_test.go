@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -881,4 +882,95 @@ func compressCodesCase(t *testing.T, spec string, tensors []v2Tensor, want strin
 		}
 	}
 	return res
+}
+
+// Every engine format with a run path (quantizeRun, dequantizeRun: the
+// chunks' path where groups are whole blocks) stores and reads the bytes
+// and values of its block-by-block path, on both code paths, for each
+// cache dtype, scales 1 and calibrated, runs of 1 to 9 blocks of each
+// block size it takes, with an all-zero block, outliers, values past any
+// range, an Inf and a NaN.
+func TestEngineRunsMatchBlocks(t *testing.T) {
+	defer func() { useSIMD = haveSIMD }()
+	r := rand.New(rand.NewSource(31))
+	for _, e := range engines {
+		for _, f := range e.formats {
+			if f.quantizeRun == nil {
+				continue
+			}
+			sizes := []int{f.elems}
+			if f.perHead {
+				sizes = []int{16, 64, 128, 256}
+			}
+			for _, d := range sizes {
+				if f.headRule != nil && f.headRule(d) != nil {
+					continue
+				}
+				bb := f.bytes
+				if f.headSize != nil {
+					bb = f.headSize(d)
+				} else if f.perHead {
+					bb = d*f.bits/8 + 4
+				}
+				for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16, safetensors.BF16} {
+					for _, k := range []float32{1, 0.37} {
+						for _, n := range []int{1, 3, 4, 5, 9} {
+							x := make([]float32, n*d)
+							for i := range x {
+								x[i] = float32(r.NormFloat64() * []float64{1, 40, 1e-3}[i/d%3])
+							}
+							if n > 3 {
+								clear(x[d : 2*d])
+								x[3*d+1], x[2*d+5] = 7e4, float32(math.Inf(-1))
+							}
+							if n > 5 {
+								x[5*d+2] = float32(math.NaN())
+							}
+							checkRun(t, f, x, d, bb, blockRun{k: k, elems: d, dtype: dt})
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+func checkRun(t *testing.T, f *engineFormat, x []float32, d, bb int, r blockRun) {
+	t.Helper()
+	n := len(x) / d
+	for _, simd := range []bool{haveSIMD, false} {
+		useSIMD = simd
+		want, wantY := make([]byte, n*bb), make([]float32, n*d)
+		wantNF, wantSat := false, 0
+		for h := 0; h < n; h++ {
+			xb, db, yb := x[h*d:(h+1)*d], want[h*bb:(h+1)*bb], wantY[h*d:(h+1)*d]
+			var nf bool
+			switch {
+			case f.quantizeScaled != nil:
+				var s int
+				nf, s = f.quantizeScaled(xb, db, r.k)
+				wantSat += s
+			case f.quantizeDT != nil:
+				nf = f.quantizeDT(xb, db, r.dtype)
+			default:
+				nf = f.quantize(xb, db)
+			}
+			wantNF = wantNF || nf
+			if f.dequantizeScaled != nil {
+				f.dequantizeScaled(db, yb, r.k)
+			} else {
+				f.dequantize(db, yb)
+			}
+		}
+		got, gotY := make([]byte, n*bb), make([]float32, n*d)
+		nf, sat := f.quantizeRun(x, got, r)
+		f.dequantizeRun(want, gotY, r)
+		if !slices.Equal(got, want) || nf != wantNF || sat != wantSat {
+			t.Errorf("%s d=%d n=%d %+v simd=%v: the run stores other bytes (nonFinite %v, saturated %d; want %v, %d)",
+				f.name, d, n, r, simd, nf, sat, wantNF, wantSat)
+		}
+		if !slices.Equal(bitsOf(gotY), bitsOf(wantY)) {
+			t.Errorf("%s d=%d n=%d %+v simd=%v: the run reads other values", f.name, d, n, r, simd)
+		}
+	}
 }

@@ -266,9 +266,9 @@ func kernelRuns() map[string]kernelRun {
 			v := x[:len(x)/nvfp4Block*nvfp4Block]
 			for _, w := range []nvfp4Writer{nvfp4VLLM, nvfp4VLLM4over6, nvfp4TRTLLM} {
 				run := make([]byte, len(v)/nvfp4Block*nvfp4Bytes)
-				nf, sat := w.quantizeRun(v, run, 0.37, nvfp4Block)
+				nf, sat := w.quantizeRun(v, run, blockRun{k: 0.37, elems: nvfp4Block})
 				y := make([]float32, len(v))
-				nvfp4DequantizeRun(run, y, 0.37, nvfp4Block)
+				nvfp4DequantizeRun(run, y, blockRun{k: 0.37, elems: nvfp4Block})
 				s.WriteString(fmt.Sprint(nf, sat, run) + bitsOf(y))
 			}
 			return s.String()
@@ -457,9 +457,9 @@ func kernelRuns() map[string]kernelRun {
 				}
 				v := x[off : off+(len(x)-off)/GGMLBlock*GGMLBlock]
 				run := make([]byte, len(v)/GGMLBlock*18)
-				nf, _ := llamaQuantizeIQ4NLRun(v, run, 0, GGMLBlock)
+				nf, _ := llamaQuantizeIQ4NLRun(v, run, blockRun{elems: GGMLBlock})
 				y := make([]float32, len(v))
-				llamaDequantizeIQ4NLRun(run, y, 0, GGMLBlock)
+				llamaDequantizeIQ4NLRun(run, y, blockRun{elems: GGMLBlock})
 				s.WriteString(fmt.Sprint(nf, run) + bitsOf(y))
 			}
 			// blocks whose id is 1 (max -127): each x·id on, just below and

@@ -546,7 +546,7 @@ func llamaDequantizeIQ4NL(src []byte, dst []float32) {
 // llamaQuantizeIQ4NLRun and llamaDequantizeIQ4NLRun are llamaQuantizeIQ4NL
 // and llamaDequantizeIQ4NL over whole consecutive blocks (engineFormat's
 // runs; k unused).
-func llamaQuantizeIQ4NLRun(x []float32, dst []byte, _ float32, _ int) (nonFinite bool, _ int) {
+func llamaQuantizeIQ4NLRun(x []float32, dst []byte, _ blockRun) (nonFinite bool, _ int) {
 	i, nb := 0, len(x)/GGMLBlock
 	if useSIMD {
 		// two blocks a kernel where both take llamaQuantizeIQ4NL's kernel:
@@ -604,7 +604,7 @@ func iq4nlPutScale(dst []byte, sumqx, sumq2 float32) {
 	binary.LittleEndian.PutUint16(dst, safetensors.Float32ToFP16(d))
 }
 
-func llamaDequantizeIQ4NLRun(src []byte, dst []float32, _ float32, _ int) {
+func llamaDequantizeIQ4NLRun(src []byte, dst []float32, _ blockRun) {
 	for i := 0; i < len(dst)/GGMLBlock; i++ {
 		llamaDequantizeIQ4NL(src[i*18:(i+1)*18], dst[i*GGMLBlock:(i+1)*GGMLBlock])
 	}

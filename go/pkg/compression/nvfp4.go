@@ -322,7 +322,8 @@ func nvfp4Dequantize(src []byte, dst []float32, k float32) {
 
 // quantizeRun is quantize over whole consecutive blocks (engineFormat's
 // quantizeRun).
-func (w nvfp4Writer) quantizeRun(x []float32, dst []byte, k float32, _ int) (nonFinite bool, saturated int) {
+func (w nvfp4Writer) quantizeRun(x []float32, dst []byte, r blockRun) (nonFinite bool, saturated int) {
+	k := r.k
 	for i := 0; i < len(x)/nvfp4Block; i++ {
 		nf, n := w.quantize(x[i*nvfp4Block:(i+1)*nvfp4Block], dst[i*nvfp4Bytes:(i+1)*nvfp4Bytes], k)
 		nonFinite, saturated = nonFinite || nf, saturated+n
@@ -331,7 +332,8 @@ func (w nvfp4Writer) quantizeRun(x []float32, dst []byte, k float32, _ int) (non
 }
 
 // nvfp4DequantizeRun is nvfp4Dequantize over whole consecutive blocks.
-func nvfp4DequantizeRun(src []byte, dst []float32, k float32, _ int) {
+func nvfp4DequantizeRun(src []byte, dst []float32, r blockRun) {
+	k := r.k
 	for i := 0; i < len(dst)/nvfp4Block; i++ {
 		nvfp4Dequantize(src[i*nvfp4Bytes:(i+1)*nvfp4Bytes], dst[i*nvfp4Block:(i+1)*nvfp4Block], k)
 	}

@@ -356,6 +356,11 @@ func (j *tensorJob) prepare() error {
 }
 
 // firstNonFinite returns the index of the first NaN or Inf in x, or -1.
+// blockRun is how the job's engine format converts a run of blocks.
+func (j *tensorJob) blockRun() blockRun {
+	return blockRun{k: float32(j.l.s.Scale), elems: j.l.group, dtype: j.dtype}
+}
+
 func firstNonFinite(x []float32) int {
 	if absMaxBits(x) < 0x7f800000 { // none (the AVX2 kernel's pass where there is one)
 		return -1
@@ -416,7 +421,7 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	}
 	if f := l.q.engine; f != nil && f.quantizeRun != nil && l.runs() {
 		bb := l.blockBytes
-		nonFinite, n := f.quantizeRun(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], float32(l.s.Scale), l.group)
+		nonFinite, n := f.quantizeRun(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], j.blockRun())
 		if n > 0 {
 			j.saturated.Add(int64(n))
 		}
@@ -489,7 +494,7 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 		l.q.decodeAll(j, yp, qlo, qhi)
 	} else if f := l.q.engine; f != nil && f.dequantizeRun != nil && l.runs() {
 		bb := l.blockBytes
-		f.dequantizeRun(j.codes[qlo/l.group*bb:qhi/l.group*bb], yp[:qhi-qlo], float32(l.s.Scale), l.group)
+		f.dequantizeRun(j.codes[qlo/l.group*bb:qhi/l.group*bb], yp[:qhi-qlo], j.blockRun())
 	} else {
 		decode := l.q.decode
 		err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {

@@ -271,8 +271,9 @@ func tqKeyQuantizeNorm(b int, x []float32, dst []byte, ss float32, y []float32, 
 // tqKeyQuantizeRun is tqKeyQuantize over a run of whole head vectors of d
 // values (quantizeRun): their norms four at a time (tqSumSquares4), one
 // scratch for the run.
-func tqKeyQuantizeRun(b int) func(x []float32, dst []byte, _ float32, d int) (bool, int) {
-	return func(x []float32, dst []byte, _ float32, d int) (nonFinite bool, _ int) {
+func tqKeyQuantizeRun(b int) func(x []float32, dst []byte, _ blockRun) (bool, int) {
+	return func(x []float32, dst []byte, r blockRun) (nonFinite bool, _ int) {
+		d := r.elems
 		hs := (d*b+7)/8 + 2
 		y, ks := make([]float32, d), make([]int8, d)
 		var ss [4]float32
@@ -394,8 +395,9 @@ func tqKeyFinish(b int, src []byte, dst []float32, ss float32) {
 // tqKeyDequantizeRun is tqKeyDequantize over a run of whole head vectors of
 // d values (dequantizeRun): the centroids' sums of squares four vectors at
 // a time, each in index order.
-func tqKeyDequantizeRun(b int) func(src []byte, dst []float32, _ float32, d int) {
-	return func(src []byte, dst []float32, _ float32, d int) {
+func tqKeyDequantizeRun(b int) func(src []byte, dst []float32, _ blockRun) {
+	return func(src []byte, dst []float32, r blockRun) {
+		d := r.elems
 		hs, nb := (d*b+7)/8+2, (d*b+7)/8
 		cents := tqCentroids(d, b)
 		ks := make([]int8, 4*d)
@@ -439,8 +441,9 @@ func tqValueQuantize(b int, x []float32, dst []byte) bool {
 
 // tqValueQuantizeRun is tqValueQuantize over a run of whole head vectors of
 // d values (quantizeRun), one scratch for the run.
-func tqValueQuantizeRun(b int) func(x []float32, dst []byte, _ float32, d int) (bool, int) {
-	return func(x []float32, dst []byte, _ float32, d int) (nonFinite bool, _ int) {
+func tqValueQuantizeRun(b int) func(x []float32, dst []byte, _ blockRun) (bool, int) {
+	return func(x []float32, dst []byte, r blockRun) (nonFinite bool, _ int) {
+		d := r.elems
 		hs := (d*b+7)/8 + 4
 		y, q := make([]float32, d), make([]uint8, d)
 		for v := 0; v < len(x)/d; v++ {
@@ -518,8 +521,9 @@ func tqValueDequantize(b int, src []byte, dst []float32) {
 
 // tqValueDequantizeRun is tqValueDequantize over a run of whole head
 // vectors of d values (dequantizeRun).
-func tqValueDequantizeRun(b int) func(src []byte, dst []float32, _ float32, d int) {
-	return func(src []byte, dst []float32, _ float32, d int) {
+func tqValueDequantizeRun(b int) func(src []byte, dst []float32, _ blockRun) {
+	return func(src []byte, dst []float32, r blockRun) {
+		d := r.elems
 		hs := (d*b+7)/8 + 4
 		for v := 0; v < len(dst)/d; v++ {
 			tqValueDequantize(b, src[v*hs:(v+1)*hs], dst[v*d:(v+1)*d])

@@ -627,9 +627,9 @@ func TestTurboQuantRunsMatchHeads(t *testing.T) {
 						f.dequantize(want[h*hs:(h+1)*hs], wantY[h*d:(h+1)*d])
 					}
 					got := make([]byte, n*hs)
-					nf, sat := f.quantizeRun(x, got, 1, d)
+					nf, sat := f.quantizeRun(x, got, blockRun{k: 1, elems: d})
 					gotY := make([]float32, n*d)
-					f.dequantizeRun(want, gotY, 1, d)
+					f.dequantizeRun(want, gotY, blockRun{k: 1, elems: d})
 					if !slices.Equal(got, want) || nf != wantNF || sat != 0 {
 						t.Errorf("%s d=%d n=%d simd=%v: the run stores other bytes (nonFinite %v, want %v)", name, d, n, simd, nf, wantNF)
 					}

@@ -47,7 +47,8 @@ import (
 // asserts (:273).
 var vllmInt4 = &engineFormat{name: "int4_per_token_head", bits: 4, perHead: true, evidence: EvidenceExecuted,
 	source:     "v1/attention/ops/int4_per_token_head.py:64-255 (_reshape_cache_int4_kernel), 856-879 (reshape_and_cache_int4), 1075-1167 (the RHT)",
-	quantizeDT: vllmInt4Quantize, dequantize: vllmInt4Dequantize}
+	quantizeDT: vllmInt4Quantize, dequantize: vllmInt4Dequantize,
+	quantizeRun: vllmInt4QuantizeRun, dequantizeRun: vllmInt4DequantizeRun}
 
 // vllmSignSeed is the RHT's generator seed, 0x9E3779B9 + round_idx·0x517CC1B7 with round_idx 0.
 const vllmSignSeed = 0x9E3779B9
@@ -166,13 +167,29 @@ func roundHalfAway(v float32) float32 {
 // vllmInt4Quantize writes one head vector of a cache of dtype dt: d/2
 // bytes of nibbles, then the float32 scale carrying the zero point.
 func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
-	d := len(x)
 	var buf [512]float32 // head_dim <= 512 without an allocation
-	y := buf[:0]
-	if d > len(buf) {
-		y = make([]float32, 0, d)
+	if len(x) > len(buf) {
+		return vllmInt4QuantizeInto(x, dst, dt, make([]float32, len(x)))
 	}
-	y = append(y, x...)
+	return vllmInt4QuantizeInto(x, dst, dt, buf[:])
+}
+
+// vllmInt4QuantizeRun is vllmInt4Quantize over a run of whole head vectors
+// (quantizeRun), one scratch for the run.
+func vllmInt4QuantizeRun(x []float32, dst []byte, r blockRun) (nonFinite bool, _ int) {
+	d := r.elems
+	y := make([]float32, d)
+	for v := 0; v < len(x)/d; v++ {
+		nonFinite = vllmInt4QuantizeInto(x[v*d:(v+1)*d], dst[v*(d/2+4):(v+1)*(d/2+4)], r.dtype, y) || nonFinite
+	}
+	return nonFinite, 0
+}
+
+// vllmInt4QuantizeInto is vllmInt4Quantize with a scratch of at least
+// len(x) values.
+func vllmInt4QuantizeInto(x []float32, dst []byte, dt safetensors.DType, scratch []float32) bool {
+	d := len(x)
+	y := append(scratch[:0], x...)
 	vllmRHT(y, false)
 	if dt != safetensors.F32 { // an F32 cache's rounding is the identity
 		round := dtypeRounding(dt)
@@ -181,11 +198,7 @@ func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 		}
 	}
 	lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
-	var top uint32
-	for _, v := range x { // the top bit set where the exponent is all ones: NaN or ±Inf
-		top |= math.Float32bits(v)&0x7f800000 + 0x00800000
-	}
-	nonFinite := top>>31 != 0
+	nonFinite := absMaxBits(x) >= 0x7f800000 // a NaN or an Inf
 	m := 0
 	if n := simdLen(d); n > 0 {
 		// the same least and largest but for the sign of a zero, which the
@@ -258,11 +271,24 @@ func vllmInt4Dequantize(src []byte, dst []float32) {
 	d := len(dst)
 	bits := binary.LittleEndian.Uint32(src[d/2:])
 	zp, scale := float32(bits&0xF), math.Float32frombits(bits&^0xF)
+	var t [16]float32 // (code - zp)·scale of each code, as the loop would compute it
+	for k := range t {
+		t[k] = (float32(k) - zp) * scale
+	}
 	for i := 0; i+1 < d; i += 2 {
 		c := src[i/2]
-		dst[i], dst[i+1] = (float32(c&0xF)-zp)*scale, (float32(c>>4)-zp)*scale
+		dst[i], dst[i+1] = t[c&0xF], t[c>>4]
 	}
 	vllmRHT(dst, true)
+}
+
+// vllmInt4DequantizeRun is vllmInt4Dequantize over a run of whole head
+// vectors (dequantizeRun).
+func vllmInt4DequantizeRun(src []byte, dst []float32, r blockRun) {
+	d := r.elems
+	for v := 0; v < len(dst)/d; v++ {
+		vllmInt4Dequantize(src[v*(d/2+4):(v+1)*(d/2+4)], dst[v*d:(v+1)*d])
+	}
 }
 
 // An mt19937 is the 32-bit Mersenne Twister (std::mt19937, which torch's
