@@ -164,6 +164,11 @@ func kvfp4CodesAVX2(dst *[kvfp4Block / 2]byte, x *[kvfp4Block]float32, inv float
 //go:noescape
 func e4m3EncodeAVX2(codes []uint8, x []float32, mul float32)
 
+// e5m2EncodeAVX2 is fp8E5M2.encode(x_i · mul) over whole blocks of 32.
+//
+//go:noescape
+func e5m2EncodeAVX2(codes []uint8, x []float32, mul float32)
+
 // divAVX2 divides x by d in place (len(x) a multiple of 8); tqCodesAVX2
 // writes each y_i's count of the sorted midpoints mid <= y_i (len(y) a
 // multiple of 32, 1 to 255 midpoints).

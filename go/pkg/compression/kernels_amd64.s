@@ -1593,28 +1593,46 @@ splat(b80, $0x0000008000000080)
 
 splat(e4m3nan, $0x0000007f0000007f)
 
-// e4m3Code8 is the E4M3 code (int32) of OFF(SI) · Y11 into R. Y12 abs
-// mask, Y13 0x7f; Y4, Y6-Y8 clobbered.
-#define e4m3Code8(OFF, R) \
+// fp8Code8 is the FP8 code (int32) of OFF(SI) · Y11 into R, for the
+// format whose rounded constants are SHIFT (23 - mant), HALF, REBIAS, SUB
+// (subnormal scale), MINN (smallest normal's bits - 1) and MAX (largest
+// finite code). Y12 abs mask, Y13 the NaN code; Y4, Y6-Y8 clobbered.
+#define fp8Code8(OFF, R, SHIFT, HALF, REBIAS, SUB, MINN, MAX) \
 	VMULPS    OFF(SI), Y11, R \
 	VPAND     Y12, R, Y4 \
-	VPSRLD    $20, Y4, Y6 \
+	VPSRLD    SHIFT, Y4, Y6 \
 	VPAND     one32<>(SB), Y6, Y6 \
-	VPADDD    e4m3half<>(SB), Y6, Y6 \
+	VPADDD    HALF, Y6, Y6 \
 	VPADDD    Y4, Y6, Y6 \
-	VPSRLD    $20, Y6, Y6 \
-	VPSUBD    e4m3rebias<>(SB), Y6, Y6 \
-	VMULPS    e4m3sub<>(SB), Y4, Y7 \
+	VPSRLD    SHIFT, Y6, Y6 \
+	VPSUBD    REBIAS, Y6, Y6 \
+	VMULPS    SUB, Y4, Y7 \
 	VADDPS    two23<>(SB), Y7, Y7 \
 	VPAND     mant23<>(SB), Y7, Y7 \
-	VPCMPGTD  e4m3minn<>(SB), Y4, Y8 \
+	VPCMPGTD  MINN, Y4, Y8 \
 	VPBLENDVB Y8, Y6, Y7, Y6 \
-	VPMINUD   e4m3max<>(SB), Y6, Y6 \
+	VPMINUD   MAX, Y6, Y6 \
 	VPSRLD    $24, R, Y7 \
 	VPAND     b80<>(SB), Y7, Y7 \
 	VPOR      Y7, Y6, Y6 \
 	VPCMPGTD  inf32<>(SB), Y4, Y8 \
 	VPBLENDVB Y8, Y13, Y6, R
+
+#define e4m3Code8(OFF, R) fp8Code8(OFF, R, $20, e4m3half<>(SB), e4m3rebias<>(SB), e4m3sub<>(SB), e4m3minn<>(SB), e4m3max<>(SB))
+
+// E5M2's (fp8E5M2): shift 21, half 0xfffff, rebias 112 << 2, smallest
+// normal 2^-14, subnormal scale 2^16, largest finite code 0x7b.
+splat(e5m2half, $0x000fffff000fffff)
+
+splat(e5m2rebias, $0x000001c0000001c0)
+
+splat(e5m2sub, $0x4780000047800000)
+
+splat(e5m2minn, $0x387fffff387fffff)
+
+splat(e5m2max, $0x0000007b0000007b)
+
+#define e5m2Code8(OFF, R) fp8Code8(OFF, R, $21, e5m2half<>(SB), e5m2rebias<>(SB), e5m2sub<>(SB), e5m2minn<>(SB), e5m2max<>(SB))
 
 // func e4m3EncodeAVX2(codes []uint8, x []float32, mul float32)
 // writes fp8E4M3.encode(x_i · mul) for len(x) a multiple of 32.
@@ -1641,6 +1659,34 @@ e4m3_loop:
 	JNZ  e4m3_loop
 
 e4m3_done:
+	VZEROUPPER
+	RET
+
+// func e5m2EncodeAVX2(codes []uint8, x []float32, mul float32)
+// writes fp8E5M2.encode(x_i · mul) for len(x) a multiple of 32.
+TEXT ·e5m2EncodeAVX2(SB), NOSPLIT, $0-52
+	MOVQ         codes_base+0(FP), DI
+	MOVQ         x_base+24(FP), SI
+	MOVQ         x_len+32(FP), CX
+	SHRQ         $5, CX
+	JZ           e5m2_done
+	VBROADCASTSS mul+48(FP), Y11
+	VMOVDQU      absmask<>(SB), Y12
+	VMOVDQU      e4m3nan<>(SB), Y13 // 0x7f: E5M2's canonical NaN too
+	VMOVDQU      packorder<>(SB), Y5
+
+e5m2_loop:
+	e5m2Code8(0, Y0)
+	e5m2Code8(32, Y1)
+	e5m2Code8(64, Y2)
+	e5m2Code8(96, Y3)
+	packCodes32(VPACKUSWB)
+	ADDQ $128, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ  e5m2_loop
+
+e5m2_done:
 	VZEROUPPER
 	RET
 

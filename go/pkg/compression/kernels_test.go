@@ -523,6 +523,18 @@ func kernelRuns() map[string]kernelRun {
 			}
 			return s.String()
 		},
+		"e5m2": func(x []float32, r *rand.Rand) string {
+			var s strings.Builder
+			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1)), 1e-5, 7e3} {
+				c := make([]uint8, len(x))
+				n := fp8E5M2.encodeKernel(c, x, mul)
+				for i, v := range x[n:] {
+					c[n+i] = fp8E5M2.encode(float32(v * mul))
+				}
+				s.WriteString(fmt.Sprint(c))
+			}
+			return s.String()
+		},
 		"rn16s": func(x []float32, r *rand.Rand) string {
 			v := slices.Clone(x)
 			rn16s(v)
@@ -609,7 +621,7 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 // checkKernel runs k on x with and without the assembly kernels.
 func checkKernel(t *testing.T, name string, k kernelRun, x []float32) {
 	t.Helper()
-	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "nvfp4FourSix" && name != "iq4nl" && name != "mx" && name != "e4m3" && name != "int4" {
+	if name != "absMaxBits" && name != "minMax" && name != "ggml" && name != "transpose" && name != "clampAbs" && name != "rn16s" && name != "nvfp4" && name != "nvfp4FourSix" && name != "iq4nl" && name != "mx" && name != "e4m3" && name != "e5m2" && name != "int4" {
 		x = finite(slices.Clone(x)) // the other kernels see finite values only
 	}
 	seed := int64(len(x)) // the same random codes for both runs

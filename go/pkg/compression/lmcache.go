@@ -91,7 +91,7 @@ var lmcache = &engine{
 // (saturated). An older torch gives NaN past 464 instead: not modelled.
 func encodeLMCacheFP8All(j *tensorJob, x []float32, qlo, qhi int) {
 	codes := j.codes[qlo:qhi]
-	j.saturated.Add(e4m3EncodeCount(codes, x[:len(codes)], 1)) // v·1 is v
+	j.saturated.Add(fp8E4M3.encodeCount(codes, x[:len(codes)], 1)) // v·1 is v
 }
 
 // decodeLMCacheFP8All is the fp8 serde's read (v1/distributed/serde/

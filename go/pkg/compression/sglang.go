@@ -95,6 +95,18 @@ func (f *fp8Format) encodeTorch(y float32) uint8 {
 	return sign | uint8(min(f.rounded(a), top))
 }
 
+// torchOverflow is where torch's cast and encode part: from these float32
+// magnitude bits on (a value that rounds past the largest finite one:
+// e4m3fn past 464, 448's halfway to 480, a tie going to 448; e5m2 from
+// 61440, 57344's halfway to 65536, a tie going to Inf) torch stores code
+// (e4m3fn's NaN, e5m2's Inf) with the sign where encode saturates.
+func (f *fp8Format) torchOverflow() (bits uint32, code uint8) {
+	if f == fp8E4M3 {
+		return 0x43e80001, 0x7f
+	}
+	return 0x47700000, 0x7c
+}
+
 // encodeTorchFP8All is set_kv_buffer on a chunk: with a scale other than
 // 1, the division in the cache's dtype; then torch's cast.
 func encodeTorchFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi int) {
@@ -104,11 +116,10 @@ func encodeTorchFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi in
 		s := round(scale)
 		x = x[:len(codes)]
 		m := 0
-		if f == fp8E4M3 && useSIMD && (scale == 1 || j.dtype == safetensors.F32) {
+		if useSIMD && (scale == 1 || j.dtype == safetensors.F32) {
 			// v/s by the division kernel into a scratch (no dtype rounding
-			// for a float32 cache), e4m3Encode's saturating kernel, then
-			// torch's cast where they differ: past 464 (448's halfway to
-			// 480, which rounds to 448), an Inf and a NaN are its NaN, signed
+			// for a float32 cache), the format's saturating kernel, then
+			// torch's cast where they differ (torchOverflow)
 			var buf [1024]float32
 			for m+32 <= len(x) {
 				y := buf[:min(len(buf), (len(x)-m)&^31)]
@@ -117,10 +128,14 @@ func encodeTorchFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi in
 					divAVX2(y, s)
 				}
 				c := codes[m : m+len(y)]
-				c = c[:e4m3Encode(c, y, 1)]
+				c = c[:f.encodeKernel(c, y, 1)]
+				over, code := f.torchOverflow()
 				for i, v := range y[:len(c)] {
-					if u := math.Float32bits(v); u&0x7fffffff > 0x43e80000 {
-						c[i] = uint8(u>>24)&0x80 | 0x7f
+					if u := math.Float32bits(v); u&0x7fffffff >= over {
+						c[i] = uint8(u>>24)&0x80 | code
+						if u&0x7fffffff > 0x7f800000 {
+							c[i] |= 0x7f // a NaN: the NaN code, signed
+						}
 					}
 				}
 				m += len(y)

@@ -114,7 +114,7 @@ func encodeTRTFP8All(j *tensorJob, x []float32, qlo, qhi int) {
 	if j.dtype == safetensors.F32 || s == 1 {
 		// round(v·s) is float32(v·s): the dtype's rounding is none for a
 		// float32 cache, and v·1 is v, already of the dtype
-		j.saturated.Add(e4m3EncodeCount(codes, x[:len(codes)], s))
+		j.saturated.Add(fp8E4M3.encodeCount(codes, x[:len(codes)], s))
 		return
 	}
 	top, n := fp8E4M3.decode[fp8E4M3.maxCode], int64(0)

@@ -279,24 +279,35 @@ func (f *fp8Format) rounded(a uint32) uint32 {
 // x of whole blocks of 32 with the AVX2 kernel (none without it), and
 // returns its length: the caller converts the rest.
 func e4m3Encode(codes []uint8, x []float32, mul float32) int {
-	if !useSIMD {
+	return fp8E4M3.encodeKernel(codes, x, mul)
+}
+
+// encodeKernel writes f.encode(float32(x_i · mul)) for a prefix of x of
+// whole blocks of 32 with the format's AVX2 kernel (E4M3's, E5M2's; none
+// without AVX2) and returns its length: the caller converts the rest.
+func (f *fp8Format) encodeKernel(codes []uint8, x []float32, mul float32) int {
+	if !useSIMD || f != fp8E4M3 && f != fp8E5M2 {
 		return 0
 	}
 	n := len(x) &^ 31
 	if n > 0 {
-		e4m3EncodeAVX2(codes[:n], x[:n], mul)
+		if f == fp8E4M3 {
+			e4m3EncodeAVX2(codes[:n], x[:n], mul)
+		} else {
+			e5m2EncodeAVX2(codes[:n], x[:n], mul)
+		}
 	}
 	return n
 }
 
-// e4m3EncodeCount writes fp8E4M3.encode(float32(x_i·mul)) for all of x, by
-// e4m3Encode's kernel where there is one, and returns how many of those
-// products lie beyond ±448 (the values the conversion saturates; a NaN
-// is none).
-func e4m3EncodeCount(codes []uint8, x []float32, mul float32) int64 {
-	top := fp8E4M3.decode[fp8E4M3.maxCode]
+// encodeCount writes f.encode(float32(x_i·mul)) for all of x, by the
+// format's kernel where there is one, and returns how many of those
+// products lie beyond its largest finite value (the values the
+// conversion saturates; a NaN is none).
+func (f *fp8Format) encodeCount(codes []uint8, x []float32, mul float32) int64 {
+	top := f.decode[f.maxCode]
 	var n int64
-	m := e4m3Encode(codes, x, mul)
+	m := f.encodeKernel(codes, x, mul)
 	for _, v := range x[:m] {
 		if y := float32(v * mul); y > top || y < -top {
 			n++
@@ -307,7 +318,7 @@ func e4m3EncodeCount(codes []uint8, x []float32, mul float32) int64 {
 		if y > top || y < -top {
 			n++
 		}
-		codes[m+i] = fp8E4M3.encode(y)
+		codes[m+i] = f.encode(y)
 	}
 	return n
 }
@@ -320,9 +331,9 @@ func encodeFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi int) {
 		top, n := f.decode[f.maxCode], int64(0)
 		x = x[:len(codes)]
 		m := 0
-		if f == fp8E4M3 && useSIMD {
+		if useSIMD {
 			// v/scale into a scratch by the IEEE division kernel (v/1 is v),
-			// then e4m3Encode's kernel of encode(y·1), y·1 being y
+			// then the format's kernel of encode(y·1), y·1 being y
 			var buf [1024]float32
 			for m+32 <= len(x) {
 				y := buf[:min(len(buf), (len(x)-m)&^31)]
@@ -330,7 +341,7 @@ func encodeFP8All(f *fp8Format) func(j *tensorJob, x []float32, qlo, qhi int) {
 				if scale != 1 {
 					divAVX2(y, scale)
 				}
-				n += e4m3EncodeCount(codes[m:m+len(y)], y, 1)
+				n += f.encodeCount(codes[m:m+len(y)], y, 1)
 				m += len(y)
 			}
 		}

@@ -203,7 +203,8 @@ func TestFP8AllKernelMatchesScalar(t *testing.T) {
 					}
 					x[n/2], x[n/3], x[n-1] = float32(math.NaN()), float32(math.Inf(-1)), 6e4
 					x[n/4], x[n/5] = -float32(math.NaN()), float32(math.Inf(1))
-					x[n/6], x[n/7], x[n/8] = 464, 463.9, -464.1 // torch's cast: 448, 448, NaN at scale 1
+					x[n/6], x[n/7], x[n/8] = 464, 463.9, -464.1           // torch's cast: 448, 448, NaN at scale 1
+					x[n/9], x[n/10], x[n/11] = 61440, -61439.99, 61440.01 // e5m2: Inf, -57344, Inf
 					want, wantSat := make([]byte, n), int64(0)
 					top := c.f.decode[c.f.maxCode]
 					for i, v := range x {
