@@ -159,15 +159,11 @@ func nvfp4DecAVX2(dst *[nvfp4Block]float32, src *[nvfp4Block / 2]byte, sf, k flo
 //go:noescape
 func kvfp4CodesAVX2(dst *[kvfp4Block / 2]byte, x *[kvfp4Block]float32, inv float32)
 
-// e4m3EncodeAVX2 is fp8E4M3.encode(x_i · mul) over whole blocks of 32.
+// fp8EncodeAVX2 is f.encode(x_i · mul) over whole blocks of 32, for the
+// format whose constants k holds (f.kernel).
 //
 //go:noescape
-func e4m3EncodeAVX2(codes []uint8, x []float32, mul float32)
-
-// e5m2EncodeAVX2 is fp8E5M2.encode(x_i · mul) over whole blocks of 32.
-//
-//go:noescape
-func e5m2EncodeAVX2(codes []uint8, x []float32, mul float32)
+func fp8EncodeAVX2(codes []uint8, x []float32, mul float32, k *fp8Kernel)
 
 // divAVX2 divides x by d in place (len(x) a multiple of 8); tqCodesAVX2
 // writes each y_i's count of the sorted midpoints mid <= y_i (len(y) a

@@ -613,6 +613,16 @@ GLOBL one<>(SB), RODATA|NOPTR, $4
 DATA inf<>+0(SB)/4, $0x7f800000
 GLOBL inf<>(SB), RODATA|NOPTR, $4
 
+// int8Bounds sets Y14 to 127 and Y15 to -128 (float32, 8 lanes), the
+// int8 codes' clamps.
+#define int8Bounds() \
+	MOVL         $0x42fe0000, AX \
+	VMOVD        AX, X14 \
+	VPBROADCASTD X14, Y14 \
+	MOVL         $0xc3000000, AX \
+	VMOVD        AX, X15 \
+	VPBROADCASTD X15, Y15
+
 // roundCode is round-half-away-from-zero(float32(x * id)) for the 8 values
 // at off(SI), into R: t's integer part, plus sign(t) where |t - trunc t| >= 0.5.
 // Both steps are exact in float32. The result is clamped to [-128, 127]
@@ -643,12 +653,7 @@ TEXT ·roundCodes32AVX2(SB), NOSPLIT, $0-52
 	VBROADCASTSS half<>(SB), Y10
 	VBROADCASTSS one<>(SB), Y11
 	VBROADCASTSS inf<>(SB), Y12
-	MOVL         $0x42fe0000, AX // 127
-	VMOVD        AX, X14
-	VPBROADCASTD X14, Y14
-	MOVL         $0xc3000000, AX // -128
-	VMOVD        AX, X15
-	VPBROADCASTD X15, Y15
+	int8Bounds()
 	VMOVDQU      packorder<>(SB), Y5
 	roundCode(0, Y0)
 	roundCode(32, Y1)
@@ -1569,124 +1574,69 @@ TEXT ·kvfp4CodesAVX2(SB), NOSPLIT, $0-20
 	VZEROUPPER
 	RET
 
-// E4M3 encode (fp8Format.encode of fp8E4M3, vllm.go), 8 lanes: both
-// rounding paths of rounded and a select, the clamp to 0x7e, the sign,
-// and 0x7f for a NaN. The constants are fp8E4M3's: shift 20, half
-// 0x7ffff, rebias 120 << 3, smallest normal 2^-6, subnormal scale 2^9.
+// FP8 encode (fp8Format.encode, vllm.go), 8 lanes: both rounding paths of
+// rounded and a select, the clamp to the largest finite code, the sign,
+// and the NaN code for a NaN. The format's constants (fp8Kernel, made
+// from its rounded constants by newFP8Format) are at R8, the shift in X9.
 splat(one32, $0x0000000100000001)
-
-splat(e4m3half, $0x0007ffff0007ffff)
-
-splat(e4m3rebias, $0x000003c0000003c0)
-
-splat(e4m3sub, $0x4400000044000000)
 
 splat(two23, $0x4b0000004b000000)
 
 splat(mant23, $0x007fffff007fffff)
 
-splat(e4m3minn, $0x3c7fffff3c7fffff)
-
-splat(e4m3max, $0x0000007e0000007e)
-
 splat(b80, $0x0000008000000080)
 
-splat(e4m3nan, $0x0000007f0000007f)
-
-// fp8Code8 is the FP8 code (int32) of OFF(SI) · Y11 into R, for the
-// format whose rounded constants are SHIFT (23 - mant), HALF, REBIAS, SUB
-// (subnormal scale), MINN (smallest normal's bits - 1) and MAX (largest
-// finite code). Y12 abs mask, Y13 the NaN code; Y4, Y6-Y8 clobbered.
-#define fp8Code8(OFF, R, SHIFT, HALF, REBIAS, SUB, MINN, MAX) \
+// fp8Code8 is the FP8 code (int32) of OFF(SI) · Y11 into R. Y12 abs mask,
+// Y13 the NaN code; Y4, Y6-Y8 clobbered.
+#define fp8Code8(OFF, R) \
 	VMULPS    OFF(SI), Y11, R \
 	VPAND     Y12, R, Y4 \
-	VPSRLD    SHIFT, Y4, Y6 \
+	VPSRLD    X9, Y4, Y6 \
 	VPAND     one32<>(SB), Y6, Y6 \
-	VPADDD    HALF, Y6, Y6 \
+	VPADDD    0(R8), Y6, Y6 \
 	VPADDD    Y4, Y6, Y6 \
-	VPSRLD    SHIFT, Y6, Y6 \
-	VPSUBD    REBIAS, Y6, Y6 \
-	VMULPS    SUB, Y4, Y7 \
+	VPSRLD    X9, Y6, Y6 \
+	VPSUBD    32(R8), Y6, Y6 \
+	VMULPS    64(R8), Y4, Y7 \
 	VADDPS    two23<>(SB), Y7, Y7 \
 	VPAND     mant23<>(SB), Y7, Y7 \
-	VPCMPGTD  MINN, Y4, Y8 \
+	VPCMPGTD  96(R8), Y4, Y8 \
 	VPBLENDVB Y8, Y6, Y7, Y6 \
-	VPMINUD   MAX, Y6, Y6 \
+	VPMINUD   128(R8), Y6, Y6 \
 	VPSRLD    $24, R, Y7 \
 	VPAND     b80<>(SB), Y7, Y7 \
 	VPOR      Y7, Y6, Y6 \
 	VPCMPGTD  inf32<>(SB), Y4, Y8 \
 	VPBLENDVB Y8, Y13, Y6, R
 
-#define e4m3Code8(OFF, R) fp8Code8(OFF, R, $20, e4m3half<>(SB), e4m3rebias<>(SB), e4m3sub<>(SB), e4m3minn<>(SB), e4m3max<>(SB))
-
-// E5M2's (fp8E5M2): shift 21, half 0xfffff, rebias 112 << 2, smallest
-// normal 2^-14, subnormal scale 2^16, largest finite code 0x7b.
-splat(e5m2half, $0x000fffff000fffff)
-
-splat(e5m2rebias, $0x000001c0000001c0)
-
-splat(e5m2sub, $0x4780000047800000)
-
-splat(e5m2minn, $0x387fffff387fffff)
-
-splat(e5m2max, $0x0000007b0000007b)
-
-#define e5m2Code8(OFF, R) fp8Code8(OFF, R, $21, e5m2half<>(SB), e5m2rebias<>(SB), e5m2sub<>(SB), e5m2minn<>(SB), e5m2max<>(SB))
-
-// func e4m3EncodeAVX2(codes []uint8, x []float32, mul float32)
-// writes fp8E4M3.encode(x_i · mul) for len(x) a multiple of 32.
-TEXT ·e4m3EncodeAVX2(SB), NOSPLIT, $0-52
+// func fp8EncodeAVX2(codes []uint8, x []float32, mul float32, k *fp8Kernel)
+// writes f.encode(x_i · mul) for the format whose constants k holds, len(x)
+// a multiple of 32.
+TEXT ·fp8EncodeAVX2(SB), NOSPLIT, $0-64
 	MOVQ         codes_base+0(FP), DI
 	MOVQ         x_base+24(FP), SI
 	MOVQ         x_len+32(FP), CX
 	SHRQ         $5, CX
-	JZ           e4m3_done
+	JZ           fp8_done
+	MOVQ         k+56(FP), R8
 	VBROADCASTSS mul+48(FP), Y11
 	VMOVDQU      absmask<>(SB), Y12
-	VMOVDQU      e4m3nan<>(SB), Y13
+	VMOVDQU      160(R8), Y13
+	VMOVQ        192(R8), X9
 	VMOVDQU      packorder<>(SB), Y5
 
-e4m3_loop:
-	e4m3Code8(0, Y0)
-	e4m3Code8(32, Y1)
-	e4m3Code8(64, Y2)
-	e4m3Code8(96, Y3)
+fp8_loop:
+	fp8Code8(0, Y0)
+	fp8Code8(32, Y1)
+	fp8Code8(64, Y2)
+	fp8Code8(96, Y3)
 	packCodes32(VPACKUSWB)
 	ADDQ $128, SI
 	ADDQ $32, DI
 	DECQ CX
-	JNZ  e4m3_loop
+	JNZ  fp8_loop
 
-e4m3_done:
-	VZEROUPPER
-	RET
-
-// func e5m2EncodeAVX2(codes []uint8, x []float32, mul float32)
-// writes fp8E5M2.encode(x_i · mul) for len(x) a multiple of 32.
-TEXT ·e5m2EncodeAVX2(SB), NOSPLIT, $0-52
-	MOVQ         codes_base+0(FP), DI
-	MOVQ         x_base+24(FP), SI
-	MOVQ         x_len+32(FP), CX
-	SHRQ         $5, CX
-	JZ           e5m2_done
-	VBROADCASTSS mul+48(FP), Y11
-	VMOVDQU      absmask<>(SB), Y12
-	VMOVDQU      e4m3nan<>(SB), Y13 // 0x7f: E5M2's canonical NaN too
-	VMOVDQU      packorder<>(SB), Y5
-
-e5m2_loop:
-	e5m2Code8(0, Y0)
-	e5m2Code8(32, Y1)
-	e5m2Code8(64, Y2)
-	e5m2Code8(96, Y3)
-	packCodes32(VPACKUSWB)
-	ADDQ $128, SI
-	ADDQ $32, DI
-	DECQ CX
-	JNZ  e5m2_loop
-
-e5m2_done:
+fp8_done:
 	VZEROUPPER
 	RET
 
@@ -2328,12 +2278,7 @@ TEXT ·int8HeadCodesAVX2(SB), NOSPLIT, $0-52
 	VBROADCASTSS inv+48(FP), Y9
 	VMOVDQU      absmask<>(SB), Y7
 	VBROADCASTSS half<>(SB), Y10
-	MOVL         $0x42fe0000, AX // 127
-	VMOVD        AX, X14
-	VPBROADCASTD X14, Y14
-	MOVL         $0xc3000000, AX // -128
-	VMOVD        AX, X15
-	VPBROADCASTD X15, Y15
+	int8Bounds()
 	VMOVDQU      packorder<>(SB), Y5
 
 i8h_loop:

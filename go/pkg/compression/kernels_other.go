@@ -75,8 +75,7 @@ func iq4nlQuant2AVX2(*byte, *[2 * GGMLBlock]float32, float32, float32) [4]float3
 func iq4nlDecAVX2(*[GGMLBlock]float32, *[GGMLBlock / 2]byte, float32)            { noSIMD() }
 func nvfp4DecAVX2(*[nvfp4Block]float32, *[nvfp4Block / 2]byte, float32, float32) { noSIMD() }
 func kvfp4CodesAVX2(*[kvfp4Block / 2]byte, *[kvfp4Block]float32, float32)        { noSIMD() }
-func e4m3EncodeAVX2([]uint8, []float32, float32)                                 { noSIMD() }
-func e5m2EncodeAVX2([]uint8, []float32, float32)                                 { noSIMD() }
+func fp8EncodeAVX2([]uint8, []float32, float32, *fp8Kernel)                      { noSIMD() }
 func divAVX2([]float32, float32)                                                 { noSIMD() }
 func tqCodesAVX2([]int8, []float32, []float32)                                   { noSIMD() }
 func int4CodesAVX2([]byte, []float32, float32, float32)                          { noSIMD() }

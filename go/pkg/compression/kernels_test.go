@@ -513,6 +513,7 @@ func kernelRuns() map[string]kernelRun {
 		},
 		"e4m3": func(x []float32, r *rand.Rand) string {
 			var s strings.Builder
+			x = append(x, fp8Ties(fp8E4M3)...)
 			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1))} {
 				c := make([]uint8, len(x))
 				n := e4m3Encode(c, x, mul)
@@ -525,6 +526,7 @@ func kernelRuns() map[string]kernelRun {
 		},
 		"e5m2": func(x []float32, r *rand.Rand) string {
 			var s strings.Builder
+			x = append(x, fp8Ties(fp8E5M2)...)
 			for _, mul := range []float32{1, 0.37, 3e4, 0x1p-127, 0x1p20, float32(math.Inf(1)), 1e-5, 7e3} {
 				c := make([]uint8, len(x))
 				n := fp8E5M2.encodeKernel(c, x, mul)
@@ -616,6 +618,17 @@ func FuzzKernelsMatchPortable(f *testing.F) {
 			checkKernel(t, name, k, x)
 		}
 	})
+}
+
+// fp8Ties are the values halfway between each two neighbouring finite
+// codes of f, both signs: round to nearest even decides each.
+func fp8Ties(f *fp8Format) []float32 {
+	var t []float32
+	for c := 0; c < int(f.maxCode); c++ {
+		m := float32((float64(f.decode[c]) + float64(f.decode[c+1])) / 2) // exact in float32
+		t = append(t, m, -m)
+	}
+	return t
 }
 
 // checkKernel runs k on x with and without the assembly kernels.

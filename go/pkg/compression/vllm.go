@@ -212,6 +212,25 @@ type fp8Format struct {
 	rebias      uint32  // (127 - bias) << mant: float32's exponent bias moved to the format's
 	minNormal   uint32  // the float32 bits of the format's smallest normal, 2^(1-bias)
 	subScale    float32 // 2^(bias-1+mant): a subnormal's magnitude in smallest subnormals
+	kernel      *fp8Kernel
+}
+
+// fp8Kernel is a format's constants for fp8EncodeAVX2, in 8 lanes each
+// (the layout its assembly reads: offsets 0, 32, ... 160, then shift):
+// half, rebias and subScale's bits as rounded takes them, minNormal - 1
+// (for a greater-than compare), maxCode and the NaN code, and shift.
+type fp8Kernel struct {
+	half, rebias, sub, minn, max, nan [8]uint32
+	shift                             uint64
+}
+
+func (f *fp8Format) newKernel() *fp8Kernel {
+	k := &fp8Kernel{shift: uint64(f.shift)}
+	for i := range 8 {
+		k.half[i], k.rebias[i], k.sub[i] = f.half, f.rebias, math.Float32bits(f.subScale)
+		k.minn[i], k.max[i], k.nan[i] = f.minNormal-1, uint32(f.maxCode), uint32(f.nan)
+	}
+	return k
 }
 
 var (
@@ -224,6 +243,7 @@ func newFP8Format(mant, bias int, maxCode uint8) *fp8Format {
 	f := &fp8Format{mant: mant, bias: bias, maxCode: maxCode, nan: 0x7f, decode: new([256]float32),
 		shift: shift, half: 1<<(shift-1) - 1, rebias: uint32(127-bias) << mant,
 		minNormal: uint32(128-bias) << 23, subScale: float32(math.Ldexp(1, bias-1+mant))}
+	f.kernel = f.newKernel()
 	for c := 0; c < 256; c++ {
 		e, m := c>>mant&(1<<(7-mant)-1), c&(1<<mant-1)
 		var v float64
@@ -286,16 +306,12 @@ func e4m3Encode(codes []uint8, x []float32, mul float32) int {
 // whole blocks of 32 with the format's AVX2 kernel (E4M3's, E5M2's; none
 // without AVX2) and returns its length: the caller converts the rest.
 func (f *fp8Format) encodeKernel(codes []uint8, x []float32, mul float32) int {
-	if !useSIMD || f != fp8E4M3 && f != fp8E5M2 {
+	if !useSIMD {
 		return 0
 	}
 	n := len(x) &^ 31
 	if n > 0 {
-		if f == fp8E4M3 {
-			e4m3EncodeAVX2(codes[:n], x[:n], mul)
-		} else {
-			e5m2EncodeAVX2(codes[:n], x[:n], mul)
-		}
+		fp8EncodeAVX2(codes[:n], x[:n], mul, f.kernel)
 	}
 	return n
 }
