@@ -133,9 +133,55 @@ type engineFormat struct {
 // values a block (a per-head format's head_dim), and the cache's dtype
 // (as quantizeDT's).
 type blockRun struct {
-	k     float32
-	elems int
-	dtype safetensors.DType
+	k            float32
+	elems, bytes int // a block's values and stored bytes
+	dtype        safetensors.DType
+}
+
+// quantizeBlock writes one block by whichever write the format has (the
+// chunks' per-group path and runQuantize's loop): nonFinite and the values
+// it clamped.
+func (f *engineFormat) quantizeBlock(x []float32, dst []byte, r blockRun) (nonFinite bool, saturated int) {
+	switch {
+	case f.quantizeScaled != nil:
+		return f.quantizeScaled(x, dst, r.k)
+	case f.quantizeDT != nil:
+		return f.quantizeDT(x, dst, r.dtype), 0
+	}
+	return f.quantize(x, dst), 0
+}
+
+// dequantizeBlock reads one block back by whichever read the format has.
+func (f *engineFormat) dequantizeBlock(src []byte, dst []float32, r blockRun) {
+	if f.dequantizeScaled != nil {
+		f.dequantizeScaled(src, dst, r.k)
+		return
+	}
+	f.dequantize(src, dst)
+}
+
+// runQuantize is quantizeRun, or for a format without one its block write
+// over the run's blocks in one loop (no per-group dispatch).
+func (f *engineFormat) runQuantize(x []float32, dst []byte, r blockRun) (nonFinite bool, saturated int) {
+	if f.quantizeRun != nil {
+		return f.quantizeRun(x, dst, r)
+	}
+	for b := 0; b < len(x)/r.elems; b++ {
+		nf, n := f.quantizeBlock(x[b*r.elems:(b+1)*r.elems], dst[b*r.bytes:(b+1)*r.bytes], r)
+		nonFinite, saturated = nonFinite || nf, saturated+n
+	}
+	return nonFinite, saturated
+}
+
+// runDequantize is dequantizeRun, or the block read over the run's blocks.
+func (f *engineFormat) runDequantize(src []byte, dst []float32, r blockRun) {
+	if f.dequantizeRun != nil {
+		f.dequantizeRun(src, dst, r)
+		return
+	}
+	for b := 0; b < len(dst)/r.elems; b++ {
+		f.dequantizeBlock(src[b*r.bytes:(b+1)*r.bytes], dst[b*r.elems:(b+1)*r.elems], r)
+	}
 }
 
 // An engineCombo is an engine option made of one format for K and another

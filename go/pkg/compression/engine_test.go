@@ -884,9 +884,10 @@ func compressCodesCase(t *testing.T, spec string, tensors []v2Tensor, want strin
 	return res
 }
 
-// Every engine format with a run path (quantizeRun, dequantizeRun: the
-// chunks' path where groups are whole blocks) stores and reads the bytes
-// and values of its block-by-block path, on both code paths, for each
+// Every engine block format's run path (runQuantize, runDequantize: the
+// chunks' path where groups are whole blocks; its own quantizeRun where it
+// has one) stores and reads the bytes and values of its block-by-block
+// path, on both code paths, for each
 // cache dtype, scales 1 and calibrated, runs of 1 to 9 blocks of each
 // block size it takes, with an all-zero block, outliers, values past any
 // range, an Inf and a NaN.
@@ -895,8 +896,8 @@ func TestEngineRunsMatchBlocks(t *testing.T) {
 	r := rand.New(rand.NewSource(31))
 	for _, e := range engines {
 		for _, f := range e.formats {
-			if f.quantizeRun == nil {
-				continue
+			if f.quantize == nil && f.quantizeDT == nil && f.quantizeScaled == nil {
+				continue // a chunk conversion (encodeAll) or a whole-tensor format
 			}
 			sizes := []int{f.elems}
 			if f.perHead {
@@ -921,12 +922,12 @@ func TestEngineRunsMatchBlocks(t *testing.T) {
 							}
 							if n > 3 {
 								clear(x[d : 2*d])
-								x[3*d+1], x[2*d+5] = 7e4, float32(math.Inf(-1))
+								x[3*d+1%d], x[2*d+5%d] = 7e4, float32(math.Inf(-1))
 							}
 							if n > 5 {
-								x[5*d+2] = float32(math.NaN())
+								x[5*d+2%d] = float32(math.NaN())
 							}
-							checkRun(t, f, x, d, bb, blockRun{k: k, elems: d, dtype: dt})
+							checkRun(t, f, x, d, bb, blockRun{k: k, elems: d, bytes: bb, dtype: dt})
 						}
 					}
 				}
@@ -963,8 +964,8 @@ func checkRun(t *testing.T, f *engineFormat, x []float32, d, bb int, r blockRun)
 			}
 		}
 		got, gotY := make([]byte, n*bb), make([]float32, n*d)
-		nf, sat := f.quantizeRun(x, got, r)
-		f.dequantizeRun(want, gotY, r)
+		nf, sat := f.runQuantize(x, got, r)
+		f.runDequantize(want, gotY, r)
 		if !slices.Equal(got, want) || nf != wantNF || sat != wantSat {
 			t.Errorf("%s d=%d n=%d %+v simd=%v: the run stores other bytes (nonFinite %v, saturated %d; want %v, %d)",
 				f.name, d, n, r, simd, nf, sat, wantNF, wantSat)

@@ -621,18 +621,9 @@ func ggmlDequantizer(m Method) func(src []byte, dst []float32) {
 // gi of the job's codes.
 func (j *tensorJob) encodeEngine(x []float32, _ []int8, gi int) error {
 	f, bb := j.l.q.engine, j.l.blockBytes
-	dst := j.codes[gi*bb : (gi+1)*bb]
-	var nonFinite bool
-	switch {
-	case f.quantizeScaled != nil:
-		var n int
-		if nonFinite, n = f.quantizeScaled(x, dst, float32(j.l.s.Scale)); n > 0 {
-			j.saturated.Add(int64(n))
-		}
-	case f.quantizeDT != nil:
-		nonFinite = f.quantizeDT(x, dst, j.dtype)
-	default:
-		nonFinite = f.quantize(x, dst)
+	nonFinite, n := f.quantizeBlock(x, j.codes[gi*bb:(gi+1)*bb], j.blockRun())
+	if n > 0 {
+		j.saturated.Add(int64(n))
 	}
 	if nonFinite && j.l.rot == 0 {
 		return ErrNotFinite // the engine would store it; kv-compress refuses a cache with NaN or Inf
@@ -642,11 +633,7 @@ func (j *tensorJob) encodeEngine(x []float32, _ []int8, gi int) error {
 
 func (j *tensorJob) decodeEngine(y []float32, _ []int8, gi int) error {
 	f, bb := j.l.q.engine, j.l.blockBytes
-	if f.dequantizeScaled != nil {
-		f.dequantizeScaled(j.codes[gi*bb:(gi+1)*bb], y, float32(j.l.s.Scale))
-		return nil
-	}
-	f.dequantize(j.codes[gi*bb:(gi+1)*bb], y)
+	f.dequantizeBlock(j.codes[gi*bb:(gi+1)*bb], y, j.blockRun())
 	return nil
 }
 

@@ -358,7 +358,7 @@ func (j *tensorJob) prepare() error {
 // firstNonFinite returns the index of the first NaN or Inf in x, or -1.
 // blockRun is how the job's engine format converts a run of blocks.
 func (j *tensorJob) blockRun() blockRun {
-	return blockRun{k: float32(j.l.s.Scale), elems: j.l.group, dtype: j.dtype}
+	return blockRun{k: float32(j.l.s.Scale), elems: j.l.group, bytes: j.l.blockBytes, dtype: j.dtype}
 }
 
 func firstNonFinite(x []float32) int {
@@ -419,9 +419,9 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 		l.q.encodeAll(j, xp, qlo, qhi)
 		return x, nil
 	}
-	if f := l.q.engine; f != nil && f.quantizeRun != nil && l.runs() {
+	if f := l.q.engine; f != nil && l.runs() {
 		bb := l.blockBytes
-		nonFinite, n := f.quantizeRun(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], j.blockRun())
+		nonFinite, n := f.runQuantize(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], j.blockRun())
 		if n > 0 {
 			j.saturated.Add(int64(n))
 		}
@@ -492,9 +492,9 @@ func (j *tensorJob) decodeChunk(c int, s *chunkScratch, inScratch bool) ([]float
 	}
 	if l.q.decodeAll != nil {
 		l.q.decodeAll(j, yp, qlo, qhi)
-	} else if f := l.q.engine; f != nil && f.dequantizeRun != nil && l.runs() {
+	} else if f := l.q.engine; f != nil && l.runs() {
 		bb := l.blockBytes
-		f.dequantizeRun(j.codes[qlo/l.group*bb:qhi/l.group*bb], yp[:qhi-qlo], j.blockRun())
+		f.runDequantize(j.codes[qlo/l.group*bb:qhi/l.group*bb], yp[:qhi-qlo], j.blockRun())
 	} else {
 		decode := l.q.decode
 		err := l.eachGroup(qlo, qhi, func(gs, ge, gi int) error {
