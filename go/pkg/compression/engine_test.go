@@ -886,8 +886,8 @@ func compressCodesCase(t *testing.T, spec string, tensors []v2Tensor, want strin
 
 // Every engine block format's run path (runQuantize, runDequantize: the
 // chunks' path where groups are whole blocks; its own quantizeRun where it
-// has one) stores and reads the bytes and values of its block-by-block
-// path, on both code paths, for each
+// has one) stores and reads, on both code paths, the bytes and values of
+// its block-by-block path on the portable one (the definition), for each
 // cache dtype, scales 1 and calibrated, runs of 1 to 9 blocks of each
 // block size it takes, with an all-zero block, outliers, values past any
 // range, an Inf and a NaN.
@@ -939,30 +939,31 @@ func TestEngineRunsMatchBlocks(t *testing.T) {
 func checkRun(t *testing.T, f *engineFormat, x []float32, d, bb int, r blockRun) {
 	t.Helper()
 	n := len(x) / d
+	useSIMD = false // the definition: the Go loops, a block at a time
+	want, wantY := make([]byte, n*bb), make([]float32, n*d)
+	wantNF, wantSat := false, 0
+	for h := 0; h < n; h++ {
+		xb, db, yb := x[h*d:(h+1)*d], want[h*bb:(h+1)*bb], wantY[h*d:(h+1)*d]
+		var nf bool
+		switch {
+		case f.quantizeScaled != nil:
+			var s int
+			nf, s = f.quantizeScaled(xb, db, r.k)
+			wantSat += s
+		case f.quantizeDT != nil:
+			nf = f.quantizeDT(xb, db, r.dtype)
+		default:
+			nf = f.quantize(xb, db)
+		}
+		wantNF = wantNF || nf
+		if f.dequantizeScaled != nil {
+			f.dequantizeScaled(db, yb, r.k)
+		} else {
+			f.dequantize(db, yb)
+		}
+	}
 	for _, simd := range []bool{haveSIMD, false} {
 		useSIMD = simd
-		want, wantY := make([]byte, n*bb), make([]float32, n*d)
-		wantNF, wantSat := false, 0
-		for h := 0; h < n; h++ {
-			xb, db, yb := x[h*d:(h+1)*d], want[h*bb:(h+1)*bb], wantY[h*d:(h+1)*d]
-			var nf bool
-			switch {
-			case f.quantizeScaled != nil:
-				var s int
-				nf, s = f.quantizeScaled(xb, db, r.k)
-				wantSat += s
-			case f.quantizeDT != nil:
-				nf = f.quantizeDT(xb, db, r.dtype)
-			default:
-				nf = f.quantize(xb, db)
-			}
-			wantNF = wantNF || nf
-			if f.dequantizeScaled != nil {
-				f.dequantizeScaled(db, yb, r.k)
-			} else {
-				f.dequantize(db, yb)
-			}
-		}
 		got, gotY := make([]byte, n*bb), make([]float32, n*d)
 		nf, sat := f.runQuantize(x, got, r)
 		f.runDequantize(want, gotY, r)

@@ -355,12 +355,12 @@ func (j *tensorJob) prepare() error {
 	return nil
 }
 
-// firstNonFinite returns the index of the first NaN or Inf in x, or -1.
 // blockRun is how the job's engine format converts a run of blocks.
 func (j *tensorJob) blockRun() blockRun {
 	return blockRun{k: float32(j.l.s.Scale), elems: j.l.group, bytes: j.l.blockBytes, dtype: j.dtype}
 }
 
+// firstNonFinite returns the index of the first NaN or Inf in x, or -1.
 func firstNonFinite(x []float32) int {
 	if absMaxBits(x) < 0x7f800000 { // none (the AVX2 kernel's pass where there is one)
 		return -1
@@ -421,6 +421,8 @@ func (j *tensorJob) encodeChunk(c int, s *chunkScratch) ([]float32, error) {
 	}
 	if f := l.q.engine; f != nil && l.runs() {
 		bb := l.blockBytes
+		// (the whole run is converted and its clamped values counted before
+		// a non-finite value is refused; the refusal is the same)
 		nonFinite, n := f.runQuantize(xp[:qhi-qlo], j.codes[qlo/l.group*bb:qhi/l.group*bb], j.blockRun())
 		if n > 0 {
 			j.saturated.Add(int64(n))

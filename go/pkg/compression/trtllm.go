@@ -113,7 +113,9 @@ func encodeTRTFP8All(j *tensorJob, x []float32, qlo, qhi int) {
 	s := round(float32(1) / float32(j.l.s.Scale))
 	if j.dtype == safetensors.F32 || s == 1 {
 		// round(v·s) is float32(v·s): the dtype's rounding is none for a
-		// float32 cache, and v·1 is v, already of the dtype
+		// float32 cache, and v·1 is v, already of the dtype (x holds the
+		// cache's own values: an engine format takes no outlier or sparsity
+		// stage, and TensorRT-LLM rotates nothing)
 		j.saturated.Add(fp8E4M3.encodeCount(codes, x[:len(codes)], s))
 		return
 	}

@@ -274,7 +274,7 @@ func tqKeyQuantizeNorm(b int, x []float32, dst []byte, ss float32, y []float32, 
 func tqKeyQuantizeRun(b int) func(x []float32, dst []byte, _ blockRun) (bool, int) {
 	return func(x []float32, dst []byte, r blockRun) (nonFinite bool, _ int) {
 		d := r.elems
-		hs := (d*b+7)/8 + 2
+		hs := r.bytes
 		y, ks := make([]float32, d), make([]int8, d)
 		var ss [4]float32
 		for h := 0; h < len(x)/d; h += 4 {
@@ -398,7 +398,7 @@ func tqKeyFinish(b int, src []byte, dst []float32, ss float32) {
 func tqKeyDequantizeRun(b int) func(src []byte, dst []float32, _ blockRun) {
 	return func(src []byte, dst []float32, r blockRun) {
 		d := r.elems
-		hs, nb := (d*b+7)/8+2, (d*b+7)/8
+		hs, nb := r.bytes, (d*b+7)/8
 		cents := tqCentroids(d, b)
 		ks := make([]int8, 4*d)
 		for h := 0; h < len(dst)/d; h += 4 {
@@ -444,7 +444,7 @@ func tqValueQuantize(b int, x []float32, dst []byte) bool {
 func tqValueQuantizeRun(b int) func(x []float32, dst []byte, _ blockRun) (bool, int) {
 	return func(x []float32, dst []byte, r blockRun) (nonFinite bool, _ int) {
 		d := r.elems
-		hs := (d*b+7)/8 + 4
+		hs := r.bytes
 		y, q := make([]float32, d), make([]uint8, d)
 		for v := 0; v < len(x)/d; v++ {
 			nonFinite = tqValueQuantizeInto(b, x[v*d:(v+1)*d], dst[v*hs:(v+1)*hs], y, q) || nonFinite
@@ -524,7 +524,7 @@ func tqValueDequantize(b int, src []byte, dst []float32) {
 func tqValueDequantizeRun(b int) func(src []byte, dst []float32, _ blockRun) {
 	return func(src []byte, dst []float32, r blockRun) {
 		d := r.elems
-		hs := (d*b+7)/8 + 4
+		hs := r.bytes
 		for v := 0; v < len(dst)/d; v++ {
 			tqValueDequantize(b, src[v*hs:(v+1)*hs], dst[v*d:(v+1)*d])
 		}

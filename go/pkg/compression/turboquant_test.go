@@ -595,16 +595,20 @@ func TestTurboQuantPackIsPut(t *testing.T) {
 }
 
 // A run of head vectors (quantizeRun, dequantizeRun: the chunks' path)
-// stores and reads the bytes and values of one head vector at a time, on
-// both code paths, for runs not a multiple of the four vectors whose
-// norms are summed together, with an all-zero head, outliers, values past
-// any range, and a NaN and an Inf head.
+// stores and reads the bytes and values of one head vector at a time on
+// the portable code path, on both code paths, for runs not a multiple of
+// the four vectors whose norms are summed together, head sizes past the
+// stack buffers and not a multiple of 32 (values), with an all-zero head,
+// outliers, values past any range, and a NaN and an Inf head.
 func TestTurboQuantRunsMatchHeads(t *testing.T) {
 	defer func() { useSIMD = haveSIMD }()
 	r := rand.New(rand.NewSource(23))
 	for _, name := range []string{"turboquant_k4_nc", "turboquant_k3_nc", "turboquant_v4", "turboquant_v3"} {
 		f := tqFormat(t, name)
-		for _, d := range []int{16, 64, 128, 256, 512} {
+		for _, d := range []int{16, 64, 80, 96, 128, 256, 512, 1024} {
+			if f.headRule(d) != nil {
+				continue
+			}
 			for _, n := range []int{1, 3, 4, 5, 9} {
 				x := make([]float32, 0, n*d)
 				for h := 0; h < n; h++ {
@@ -618,18 +622,19 @@ func TestTurboQuantRunsMatchHeads(t *testing.T) {
 					x[5*d+2] = float32(math.NaN())
 				}
 				hs := f.headSize(d)
+				useSIMD = false // the definition: the Go loops, a head vector at a time
+				want, wantNF := make([]byte, n*hs), false
+				wantY := make([]float32, n*d)
+				for h := 0; h < n; h++ {
+					wantNF = f.quantize(x[h*d:(h+1)*d], want[h*hs:(h+1)*hs]) || wantNF
+					f.dequantize(want[h*hs:(h+1)*hs], wantY[h*d:(h+1)*d])
+				}
 				for _, simd := range []bool{haveSIMD, false} {
 					useSIMD = simd
-					want, wantNF := make([]byte, n*hs), false
-					wantY := make([]float32, n*d)
-					for h := 0; h < n; h++ {
-						wantNF = f.quantize(x[h*d:(h+1)*d], want[h*hs:(h+1)*hs]) || wantNF
-						f.dequantize(want[h*hs:(h+1)*hs], wantY[h*d:(h+1)*d])
-					}
 					got := make([]byte, n*hs)
-					nf, sat := f.quantizeRun(x, got, blockRun{k: 1, elems: d})
+					nf, sat := f.quantizeRun(x, got, blockRun{k: 1, elems: d, bytes: hs})
 					gotY := make([]float32, n*d)
-					f.dequantizeRun(want, gotY, blockRun{k: 1, elems: d})
+					f.dequantizeRun(want, gotY, blockRun{k: 1, elems: d, bytes: hs})
 					if !slices.Equal(got, want) || nf != wantNF || sat != 0 {
 						t.Errorf("%s d=%d n=%d simd=%v: the run stores other bytes (nonFinite %v, want %v)", name, d, n, simd, nf, wantNF)
 					}

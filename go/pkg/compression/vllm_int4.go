@@ -177,10 +177,10 @@ func vllmInt4Quantize(x []float32, dst []byte, dt safetensors.DType) bool {
 // vllmInt4QuantizeRun is vllmInt4Quantize over a run of whole head vectors
 // (quantizeRun), one scratch for the run.
 func vllmInt4QuantizeRun(x []float32, dst []byte, r blockRun) (nonFinite bool, _ int) {
-	d := r.elems
+	d, hs := r.elems, r.bytes
 	y := make([]float32, d)
 	for v := 0; v < len(x)/d; v++ {
-		nonFinite = vllmInt4QuantizeInto(x[v*d:(v+1)*d], dst[v*(d/2+4):(v+1)*(d/2+4)], r.dtype, y) || nonFinite
+		nonFinite = vllmInt4QuantizeInto(x[v*d:(v+1)*d], dst[v*hs:(v+1)*hs], r.dtype, y) || nonFinite
 	}
 	return nonFinite, 0
 }
@@ -285,9 +285,9 @@ func vllmInt4Dequantize(src []byte, dst []float32) {
 // vllmInt4DequantizeRun is vllmInt4Dequantize over a run of whole head
 // vectors (dequantizeRun).
 func vllmInt4DequantizeRun(src []byte, dst []float32, r blockRun) {
-	d := r.elems
+	d, hs := r.elems, r.bytes
 	for v := 0; v < len(dst)/d; v++ {
-		vllmInt4Dequantize(src[v*(d/2+4):(v+1)*(d/2+4)], dst[v*d:(v+1)*d])
+		vllmInt4Dequantize(src[v*hs:(v+1)*hs], dst[v*d:(v+1)*d])
 	}
 }
 

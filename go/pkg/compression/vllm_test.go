@@ -191,15 +191,13 @@ func TestFP8AllKernelMatchesScalar(t *testing.T) {
 		"sglang e5m2": {fp8E5M2, encodeTorchFP8All(fp8E5M2), torchY, true},
 	}
 	for name, c := range convs {
-		for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16} {
+		for _, dt := range []safetensors.DType{safetensors.F32, safetensors.F16, safetensors.BF16} {
 			for _, scale := range []float64{1, 0.37, 3.1, 1e-3} {
 				for _, n := range []int{31, 32, 1000, 1024, 2100} {
 					x := make([]float32, n)
 					for i := range x {
 						x[i] = float32(r.NormFloat64() * []float64{1, 300, 1e-6}[i%3])
-						if dt == safetensors.F16 {
-							x[i] = safetensors.FP16ToFloat32(safetensors.Float32ToFP16(x[i]))
-						}
+						x[i] = dtypeRounding(dt)(x[i]) // a cache of that dtype holds its own values
 					}
 					x[n/2], x[n/3], x[n-1] = float32(math.NaN()), float32(math.Inf(-1)), 6e4
 					x[n/4], x[n/5] = -float32(math.NaN()), float32(math.Inf(1))

@@ -258,7 +258,7 @@ func wireOrder1Counts(syms []uint8, w wireShape, chunkLog, aa int) []uint32 {
 	}
 	for r0 := 0; r0 < w.n/d; r0 += w.tq {
 		hd := r0 / w.tq % h
-		for r := r0; r < r0+w.tq; r++ {
+		for r := r0; r < min(r0+w.tq, w.n/d); r++ { // (a last head of fewer rows: the rows there are)
 			if (r-r0)%65535 == 65534 {
 				flush(hd)
 			}
