@@ -99,3 +99,21 @@ def test_the_cheapest_is_the_first_robust_option_that_holds_on_fresh_windows(cap
     text = markdown(tables_of(run))
     assert "on 21 fresh windows +0.4500 [+0.4000, +0.5300], not confirmed" in text
     assert "| **`llama.cpp:q5_0`**" in text and "| **`llama.cpp:iq4_nl`**" not in text
+
+
+def test_a_mode_without_a_ci_says_so_once_and_a_nan_output_reads_nan(capsys):
+    """Five windows give prefix mode four with a compressed context: its delta shows "(no CI)" and one
+    note says why; an overflowed cache's NaN delta reads NaN, not as a missing CI."""
+    q5 = _scheme("llama.cpp:q5_0", 5.5, 0.134, 0.183)
+    few = dataclasses.replace(q5, mode="prefix", context_delta=0.034, ci_low=float("nan"), ci_high=float("nan"))
+    nan = _scheme("sglang:fp8_e4m3", 8, float("nan"), float("nan"))
+    text = markdown(tables_of(_run([q5, nan], beside=[few])))
+    row = next(line for line in text.splitlines() if "`llama.cpp:q5_0`" in line)
+    assert row.endswith("| +0.0340 (no CI) |") and "[−" not in row.split("|")[-2]
+    assert text.count("(no CI): fewer than 5 windows with a compressed context") == 1
+    bad = next(line for line in text.splitlines() if line.startswith("| `sglang:fp8_e4m3`"))
+    assert "| 8 | NaN |" in bad
+    from kvlib.runs.engines import print_engine_tables
+    print_engine_tables(engine_tables([q5], "write", [few]))
+    out = capsys.readouterr().out
+    assert "prefix mode +0.0340 (no CI)" in out and "nan" not in out

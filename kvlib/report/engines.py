@@ -16,6 +16,7 @@ import math
 import sys
 from typing import Any
 
+from kvlib.gates import MIN_CI_UNITS
 from kvlib.runs.engines import engine_tables
 from kvlib.runs.sweep import SchemeResult
 
@@ -47,8 +48,18 @@ def _num(v: Any, spec: str) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec).replace("-", "−")
 
 
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
 def _ci(lo: Any, hi: Any) -> str:
-    return f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]"
+    """A CI as the tables show it; "(no CI)" where the run had too few windows for one (the note says so)."""
+    return "(no CI)" if _missing(lo) and _missing(hi) else f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]"
+
+
+def _delta(r: dict[str, Any]) -> str:
+    """A gated delta with its CI; NaN where the output was (an overflowed cache), not a missing CI."""
+    return "NaN" if _missing(r["context_delta"]) else f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])}"
 
 
 def _row(r: dict[str, Any], cheapest: str | None, beside: bool = True) -> str:
@@ -58,7 +69,7 @@ def _row(r: dict[str, Any], cheapest: str | None, beside: bool = True) -> str:
         return (f"| {name} | {flags} | – | – | – | – | – | – | unavailable for this model: {r['unavailable']} |"
                 + (" – |" if beside else ""))
     b = r.get("beside")
-    other = f"{_num(b['context_delta'], '+.4f')} {_ci(b['ci_low'], b['ci_high'])}" if b else "not run"
+    other = _delta(b) if b else "not run"
     c = r.get("confirmation")
     verdict = r["verdict"] + (f"; on {c['windows']} fresh windows {_num(c['context_delta'], '+.4f')} "
                               f"{_ci(c['ci_low'], c['ci_high'])}, {'confirmed' if c['robust'] else 'not confirmed'}"
@@ -66,7 +77,7 @@ def _row(r: dict[str, Any], cheapest: str | None, beside: bool = True) -> str:
     nan = r["context_delta"] is None or math.isnan(r["context_delta"])  # a NaN output: no KLD or top-1 to show
     top1 = "–" if nan else f"{_num(r['top1_agreement'], '.1f')} %"
     return (f"| {name} | {flags} | {r.get('scales') or '–'} | {r['bits_per_element']:.3g} | "
-            f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} | {_num(r['kld_mean'], '.5f')} | "
+            f"{_delta(r)} | {_num(r['kld_mean'], '.5f')} | "
             f"{top1} | {r.get('saturated', 0) or '–'} | {verdict} |"
             + (f" {other} |" if beside else ""))
 
@@ -81,7 +92,7 @@ def _fresh(r: dict[str, Any]) -> str:
 def markdown(tables: dict[str, Any]) -> str:
     """Each engine's table (passing options by bits, then the failing, then the unavailable), and
     with more than one engine, the cheapest passing option of each."""
-    out = []
+    out, no_ci = [], False
     for engine, t in tables.items():
         rows = sorted(t["rows"], key=lambda r: (bool(r.get("unavailable")), not r.get("robust"),
                                                 r.get("bits_per_element", 0), r.get("context_delta", 0)))
@@ -91,6 +102,7 @@ def markdown(tables: dict[str, Any]) -> str:
                 "| option | flags | static scales | bits/el | Δ gated [95 % CI] | KLD | top-1 | clamped | verdict |" + other,
                 "|---|---|---|---|---|---|---|---|---|" + ("---|" if beside else ""),
                 *(_row(r, t["cheapest"], beside) for r in rows), ""]
+        no_ci = no_ci or any(_missing((r.get("beside") or {}).get("ci_low", 0)) for r in rows)
     best = sorted(((next(r for r in t["rows"] if r["option"] == t["cheapest"]), e) for e, t in tables.items()
                    if t["cheapest"]), key=lambda x: (x[0]["bits_per_element"], x[0]["context_delta"]))
     if len(tables) > 1:
@@ -99,6 +111,9 @@ def markdown(tables: dict[str, Any]) -> str:
         out += [f"| {e} | `{r['option']}` | `{r['flags']}` | {r['bits_per_element']:.3g} | "
                 f"{_num(r['context_delta'], '+.4f')} {_ci(r['ci_low'], r['ci_high'])} | {_fresh(r)} |" for r, e in best]
         out += [f"| {e} | none passes robustly | | | | |" for e, t in tables.items() if not t["cheapest"]]
+    if no_ci:  # prefix mode scores one window fewer than write mode: the first has no prefix to compress
+        out += ["", f"(no CI): fewer than {MIN_CI_UNITS} windows with a compressed context in that mode (prefix "
+                "mode's first window has none), so the delta is shown without one."]
     return "\n".join(out) + "\n"
 
 

@@ -101,6 +101,11 @@ def confirm_cheapest(tables: dict[str, Any], specs: dict[str, str], confirm: Cal
         t["confirmed_on_fresh_windows"] = True
 
 
+def _ci_text(lo: Any, hi: Any) -> str:
+    """A CI as the run prints it; "(no CI)" where there were too few windows for one."""
+    return "(no CI)" if lo is None or hi is None or lo != lo or hi != hi else f"[{lo:+.4f}, {hi:+.4f}]"
+
+
 def print_engine_tables(tables: dict[str, Any]) -> None:
     """Each engine's table, its cheapest passing option, and (with more than one engine) the summary."""
     for engine, t in tables.items():
@@ -111,9 +116,9 @@ def print_engine_tables(tables: dict[str, Any]) -> None:
                 print(f"    {r['option']:{w}s} unavailable for this model: {r['unavailable']}")
                 continue
             print(f"    {r['option']:{w}s} {r['bits_per_element']:6.3f} b/el  delta {r['context_delta']:+.4f} "
-                  f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]  {r['verdict']:26s} {r['flags']}"
+                  f"{_ci_text(r['ci_low'], r['ci_high'])}  {r['verdict']:26s} {r['flags']}"
                   + (f" (scales: {r['scales']})" if r["scales"] else "")
-                  + (f"; {b['mode']} mode {b['context_delta']:+.4f} [{b['ci_low']:+.4f}, {b['ci_high']:+.4f}]"
+                  + (f"; {b['mode']} mode {b['context_delta']:+.4f} {_ci_text(b['ci_low'], b['ci_high'])}"
                      if (b := r.get("beside")) else "")
                   + (f"; on fresh windows {c['context_delta']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}]"
                      f" ({'confirmed' if c['robust'] else 'not confirmed'})" if (c := r.get("confirmation")) else ""))
