@@ -476,3 +476,25 @@ def test_cli_refuses_ruler_in_write_mode(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "prefix mode only" in err and err.count("\n") == 1
+
+
+def test_a_press_at_the_same_bytes_merges_as_one_peer_whichever_codec_named_it():
+    """A run adding lm4rot (4.25 bits, as int4) names its peers knorm@lm4rot: merged with the run
+    that named them knorm@int4 they are one peer compared to both, and must answer alike."""
+    from dataclasses import replace
+
+    from kvlib.checks.ruler.run import RulerResult
+
+    r = made_result()
+    added = RulerResult(r.config, r.lengths,
+                        {EXACT: r.answers[EXACT], "lm4rot": r.answers["int4"], "knorm@lm4rot": r.answers["knorm@int4"]},
+                        {EXACT: r.schemes[EXACT], "lm4rot": dict(r.schemes["int4"], spec="lm4/g64/rot"),
+                         "knorm@lm4rot": dict(r.schemes["knorm@int4"], compared_to="lm4rot")}, r.notes)
+    both = RulerResult.merge([r, added])
+    assert list(both.schemes) == [EXACT, "int4", "knorm@int4", "lm4rot"]
+    assert both.schemes["knorm@int4"]["compared_to"] == "int4, lm4rot"
+    assert both.scores("knorm@int4", "vt", 1024) == r.scores("knorm@int4", "vt", 1024)
+    wrong = dict(added.answers, **{"knorm@lm4rot": [replace(a, answer="z", score=1.0) if a.index == 1 else a
+                                                    for a in added.answers["knorm@lm4rot"]]})
+    with pytest.raises(ValueError, match="knorm@int4 on niah_single_1 at 1024, sample 1: results 1 and 2"):
+        RulerResult.merge([r, RulerResult(r.config, r.lengths, wrong, added.schemes)])

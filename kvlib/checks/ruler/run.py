@@ -234,12 +234,12 @@ class RulerResult:
                 if got != before:
                     raise ValueError(f"{t} at {n}: results {j + 1} and {i + 1} hold different samples "
                                      f"({len(before)} and {len(got)}): cells merge only over the same samples")
-        schemes = {k: v for r in results for k, v in r.schemes.items()}
+        schemes, alias = _merged_schemes(results)
         answers: dict[str, list[RulerAnswer]] = {}
         for k in schemes:
             kept: dict[tuple[str, int, int], tuple[int, RulerAnswer]] = {}
             for i, r in enumerate(results):
-                for a in r.answers.get(k, []):
+                for a in (a for name in alias[k] for a in r.answers.get(name, [])):
                     j, first = kept.setdefault((a.task, a.length, a.index), (i, a))
                     if (first.answer, first.score) != (a.answer, a.score):
                         raise ValueError(f"{k} on {a.task} at {a.length}, sample {a.index}: results {j + 1} and "
@@ -262,6 +262,26 @@ class RulerResult:
                 "averages_qualifying": {name: {str(n): self.average(name, n, True) for n in self.lengths}
                                         for name in self.schemes},
                 "answers": {k: [asdict(a) for a in v] for k, v in self.answers.items()}, "summary": self.summary()}
+
+
+def _merged_schemes(results: list["RulerResult"]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """The schemes of several runs, in order of appearance, and each one's names in them: a press at
+    the same bytes is one peer whichever codec named it in each run ('knorm@kivi4' in a run added to
+    one with 'knorm@q4_0', both keeping 71.9 %): the first name, the codecs it is compared to joined."""
+    schemes: dict[str, dict[str, Any]] = {}
+    alias: dict[str, list[str]] = {}
+    first: dict[str, str] = {}  # a press's spec -> its first name
+    for r in results:
+        for k, v in r.schemes.items():
+            name = first.setdefault(v["spec"], k) if v["kind"] == "evict" else k
+            if name not in schemes:
+                schemes[name], alias[name] = dict(v), [name]
+            elif k not in alias[name]:
+                alias[name].append(k)
+            if v["kind"] == "evict":
+                at = dict.fromkeys(c.strip() for m in (schemes[name], v) for c in m["compared_to"].split(","))
+                schemes[name]["compared_to"] = ", ".join(c for c in at if c)
+    return schemes, alias
 
 
 ANSWER_FIELDS = ("answer", "score", "seconds", "cache_bytes")  # a unit's body
