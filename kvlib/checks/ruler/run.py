@@ -234,7 +234,7 @@ class RulerResult:
                 if got != before:
                     raise ValueError(f"{t} at {n}: results {j + 1} and {i + 1} hold different samples "
                                      f"({len(before)} and {len(got)}): cells merge only over the same samples")
-        schemes, alias = _merged_schemes(results)
+        schemes, alias, kept_apart = _merged_schemes(results)
         answers: dict[str, list[RulerAnswer]] = {}
         for k in schemes:
             kept: dict[tuple[str, int, int], tuple[int, RulerAnswer]] = {}
@@ -252,7 +252,7 @@ class RulerResult:
         keys = dict.fromkeys(k for r in results for k in r.timing)
         timing = {k: (max if k.startswith("peak") else sum)(r.timing.get(k, 0.0) for r in results)
                   for k in keys}  # times add up, a peak is the largest
-        notes = list(dict.fromkeys(n for r in results for n in r.notes))
+        notes = list(dict.fromkeys([n for r in results for n in r.notes] + kept_apart))
         return cls(config, lengths, answers, schemes, notes, timing)
 
     def to_dict(self) -> dict[str, Any]:
@@ -264,24 +264,43 @@ class RulerResult:
                 "answers": {k: [asdict(a) for a in v] for k, v in self.answers.items()}, "summary": self.summary()}
 
 
-def _merged_schemes(results: list["RulerResult"]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
-    """The schemes of several runs, in order of appearance, and each one's names in them: a press at
-    the same bytes is one peer whichever codec named it in each run ('knorm@kivi4' in a run added to
-    one with 'knorm@q4_0', both keeping 71.9 %): the first name, the codecs it is compared to joined."""
+def _merged_schemes(results: list["RulerResult"]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], list[str]]:
+    """The schemes of several runs, in order of appearance, each one's names in them, and a note for
+    each press kept twice: a press at the same bytes is one peer whichever codec named it in each run
+    ('knorm@kivi4' in a run added to one with 'knorm@q4_0', both keeping 71.9 %), the first name,
+    the codecs it is compared to joined, where the runs answer alike wherever both answered. Where
+    they do not (a batch of other caches rounds differently), both stay, each with its own codecs."""
     schemes: dict[str, dict[str, Any]] = {}
     alias: dict[str, list[str]] = {}
-    first: dict[str, str] = {}  # a press's spec -> its first name
-    for r in results:
+    notes: list[str] = []
+    first: dict[str, tuple[str, int]] = {}  # a press's spec -> its first name and run
+    for i, r in enumerate(results):
         for k, v in r.schemes.items():
-            name = first.setdefault(v["spec"], k) if v["kind"] == "evict" else k
+            name = k
+            if v["kind"] == "evict":
+                seen, j = first.setdefault(v["spec"], (k, i))
+                if seen != k:
+                    differ = _differing(results[j].answers.get(seen, []), r.answers.get(k, []))
+                    if differ:
+                        notes.append(f"{seen} and {k} (both {v['spec']}) answer {differ} of the samples both "
+                                     f"hold differently (runs {j + 1} and {i + 1}: a batch of other caches rounds "
+                                     f"differently), so they stay two rows")
+                    else:
+                        name = seen
             if name not in schemes:
                 schemes[name], alias[name] = dict(v), [name]
             elif k not in alias[name]:
                 alias[name].append(k)
-            if v["kind"] == "evict":
+            if v["kind"] == "evict" and name != k:
                 at = dict.fromkeys(c.strip() for m in (schemes[name], v) for c in m["compared_to"].split(","))
                 schemes[name]["compared_to"] = ", ".join(c for c in at if c)
-    return schemes, alias
+    return schemes, alias, notes
+
+
+def _differing(a: list[RulerAnswer], b: list[RulerAnswer]) -> int:
+    """How many samples two lists of answers both hold and answer differently."""
+    held = {(x.task, x.length, x.index): (x.answer, x.score) for x in a}
+    return sum(1 for x in b if (key := (x.task, x.length, x.index)) in held and held[key] != (x.answer, x.score))
 
 
 ANSWER_FIELDS = ("answer", "score", "seconds", "cache_bytes")  # a unit's body
