@@ -489,7 +489,7 @@ def test_a_press_at_the_same_bytes_merges_as_one_peer_whichever_codec_named_it()
                         {EXACT: r.schemes[EXACT], "lm4rot": dict(r.schemes["int4"], spec="lm4/g64/rot"),
                          "knorm@lm4rot": dict(r.schemes["knorm@int4"], compared_to="lm4rot")}, r.notes)
     both = RulerResult.merge([r, added])
-    assert list(both.schemes) == [EXACT, "int4", "knorm@int4", "lm4rot"]
+    assert list(both.schemes) == [EXACT, "int4", "lm4rot", "knorm@int4"]  # the caches before the peers
     assert both.schemes["knorm@int4"]["compared_to"] == "int4, lm4rot"
     assert both.scores("knorm@int4", "vt", 1024) == r.scores("knorm@int4", "vt", 1024)
     assert RulerResult.merge([r, added, added]).table() == both.table()  # a third run names it once more

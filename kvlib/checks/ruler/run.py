@@ -265,11 +265,12 @@ class RulerResult:
 
 
 def _merged_schemes(results: list["RulerResult"]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]], list[str]]:
-    """The schemes of several runs, in order of appearance, each one's names in them, and a note for
-    each press kept twice: a press at the same bytes is one peer whichever codec named it in each run
-    ('knorm@kivi4' in a run added to one with 'knorm@q4_0', both keeping 71.9 %), the first name,
-    the codecs it is compared to joined, where the runs answer alike wherever both answered. Where
-    they do not (a batch of other caches rounds differently), both stay, each with its own codecs."""
+    """The schemes of several runs (the exact cache, the quantized, the evicted, each in order of
+    appearance), each one's names in them, and a note for each press kept twice. A press at the same
+    bytes is one peer whichever codec named it in each run ('knorm@kivi4' in a run added to one with
+    'knorm@q4_0', both keeping 71.9 %): the first name, the codecs it is compared to joined, where
+    the runs answer alike wherever both answered; where they do not (a batch of other caches rounds
+    differently), both stay, each with its own codecs."""
     schemes: dict[str, dict[str, Any]] = {}
     alias: dict[str, list[str]] = {}
     notes: list[str] = []
@@ -294,6 +295,8 @@ def _merged_schemes(results: list["RulerResult"]) -> tuple[dict[str, dict[str, A
             if v["kind"] == "evict" and name != k:
                 at = dict.fromkeys(c.strip() for m in (schemes[name], v) for c in m["compared_to"].split(","))
                 schemes[name]["compared_to"] = ", ".join(c for c in at if c)
+    order = {"exact": 0, "kvq": 1, "evict": 2}  # the caches before their peers, whichever run added them
+    schemes = dict(sorted(schemes.items(), key=lambda kv: order.get(kv[1]["kind"], 1)))
     return schemes, alias, notes
 
 
