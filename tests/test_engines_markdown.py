@@ -117,3 +117,20 @@ def test_a_mode_without_a_ci_says_so_once_and_a_nan_output_reads_nan(capsys):
     print_engine_tables(engine_tables([q5], "write", [few]))
     out = capsys.readouterr().out
     assert "prefix mode +0.0340 (no CI)" in out and "nan" not in out
+
+
+def test_every_measured_engine_table_in_the_docs_is_its_saved_run():
+    """docs/engines.md's measured rows are what the saved runs in docs/data/engines/ render to now:
+    a table edited by hand, or left behind when the renderer or a run changed, fails here."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    doc = (repo / "docs" / "engines.md").read_text()
+    runs = sorted((repo / "docs" / "data" / "engines").glob("*.json"))
+    assert runs, "no saved engine runs in docs/data/engines/"
+    for path in runs:
+        rows = [line for line in markdown(tables_of(json.loads(path.read_text()))).splitlines()
+                if line.startswith(("| `", "| **"))]
+        assert rows, f"{path.name}: renders no row"
+        missing = [r for r in rows if r not in doc]
+        assert not missing, f"{path.name}: {len(missing)} rendered rows not in docs/engines.md, first: {missing[0]}"
