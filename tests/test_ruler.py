@@ -437,6 +437,9 @@ def test_a_scheme_added_later_merges_where_the_runs_agree():
             for k in ("int4", "knorm@int4")}
     both = RulerResult.merge([part["int4"], part["knorm@int4"]])  # the same cells, a scheme each
     assert list(both.schemes) == list(r.schemes) and both.table() == r.table()
+    codecs_only = RulerResult(dict(r.config, presses=[]), r.lengths, part["int4"].answers, part["int4"].schemes)
+    added = RulerResult.merge([part["knorm@int4"], codecs_only])  # a run of codecs with --ruler-presses none
+    assert added.table() == r.table() and added.config["presses"] == ["knorm"]
     answers = dict(part["int4"].answers)
     answers[EXACT] = [replace(a, answer="b", score=0.0) if a.index == 0 else a for a in answers[EXACT]]
     with pytest.raises(ValueError, match="exact on niah_single_1 at 1024, sample 0: results 1 and 2 answer differently"):

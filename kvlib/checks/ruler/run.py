@@ -219,10 +219,12 @@ class RulerResult:
         """Runs of different lengths, tasks or schemes as one result (a grid run piece by piece): their
         schemes in order of appearance. Where runs overlap they must agree: a (task, length) cell in
         several runs has the same samples and the same exact-cache answers in each (one seed), and an
-        answer two runs both hold is the same answer (ValueError otherwise)."""
+        answer two runs both hold is the same answer (ValueError otherwise). The runs' presses may
+        differ (codecs added with ``--ruler-presses none``): a press is a scheme of its own, compared
+        where it ran, and the merged config lists every press of the runs."""
         if not results:
             raise ValueError("no RULER results to merge")
-        for key in ("model", "seed", "haystack", "presses", "floors"):
+        for key in ("model", "seed", "haystack", "floors"):
             values = {repr(r.config.get(key)) for r in results}
             if len(values) > 1:
                 raise ValueError(f"RULER results of different {key} ({', '.join(sorted(values))}) do not merge")
@@ -249,6 +251,7 @@ class RulerResult:
         tasks = dict.fromkeys(t for r in results for t in r.config["tasks"])
         config["tasks"] = sorted(tasks, key=lambda t: (list(TASKS).index(t) if t in TASKS else len(TASKS)))
         config["lengths"] = lengths = sorted({n for r in results for n in r.lengths})
+        config["presses"] = list(dict.fromkeys(p for r in results for p in r.config.get("presses", ())))
         keys = dict.fromkeys(k for r in results for k in r.timing)
         timing = {k: (max if k.startswith("peak") else sum)(r.timing.get(k, 0.0) for r in results)
                   for k in keys}  # times add up, a peak is the largest
