@@ -122,7 +122,7 @@ def test_measured_tables_are_the_saved_runs(title, length, files, body):
 def test_the_checker_catches_a_changed_cell():
     title, length, files, body = sections()[0]
     r = RulerResult.merge([RulerResult.from_dict(json.loads(f.read_text())) for f in files])
-    table = next(t for t in tables(body) if any(EXACT == names(row[0])[:1][0] for row in t[1:] if names(row[0])))
+    table = next(t for t in tables(body) if any(names(row[0]) == [EXACT] for row in t[1:]))
     row = next(i for i, row in enumerate(table) if names(row[0]) == [EXACT])
     col = next(j for j, h in enumerate(table[0]) if h in r.tasks())
     bad = [list(x) for x in table]
