@@ -464,6 +464,19 @@ def test_report_marks_floors_and_draws_both_families():
     assert "niah_single_1, evicted caches: below the exact cache beyond their CI: `knorm@int4`" in text
 
 
+def test_report_lists_caches_by_family_then_bits():
+    from kvlib.report import ruler as report
+
+    r = made_result()
+    r.schemes["q8_0"] = {"kind": "kvq", "spec": "q8_0", "bits": 8.5}  # run after int4 and its peer
+    r.schemes["knorm@q8_0"] = {"kind": "evict", "spec": "knorm@0.4688", "bits": 8.5, "compared_to": "q8_0"}
+    r.schemes["odd"] = {"kind": "kvq", "spec": "odd", "bits": math.nan}
+    r.answers.update({k: r.answers["int4"] for k in ("q8_0", "knorm@q8_0", "odd")})
+    assert report.ordered(r) == [EXACT, "q8_0", "int4", "odd", "knorm@q8_0", "knorm@int4"]
+    cells = report.cell_table(r)._repr_html_()
+    assert cells.index("<code>q8_0</code>") < cells.index("<code>int4</code>") < cells.index("<code>knorm@q8_0</code>")
+
+
 def test_kvpress_comparison_counts_identical_sets():
     from kvlib.runs.kvpress_check import compare
 

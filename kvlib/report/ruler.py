@@ -34,11 +34,25 @@ def _columns(r: RulerResult) -> list[tuple[str, int]]:
     return [(t, n) for n in r.lengths for t in r.tasks() if r.scores(EXACT, t, n)]
 
 
+_KIND_ORDER = {"exact": 0, "kvq": 1, "transform": 2, "evict": 3}
+
+
+def ordered(r: RulerResult) -> list[str]:
+    """The caches as a reader compares them: the exact cache, then the codecs from most bits to fewest,
+    then other transforms, then the eviction peers from most kept bytes to fewest (run order on ties)."""
+    def key(item: tuple[int, str]) -> tuple[int, float, int]:
+        i, name = item
+        meta = r.schemes[name]
+        bits = meta.get("bits")
+        return (_KIND_ORDER.get(meta["kind"], 2), -bits if bits is not None and not math.isnan(bits) else math.inf, i)
+    return [name for _, name in sorted(enumerate(r.schemes), key=key)]
+
+
 def plot_heatmaps(r: RulerResult) -> Figure:
     """Accuracy per cache (rows, the exact cache first) and (task, length) cell (columns); a hatched
     column is a floor (the exact cache is below the qualifying accuracy there, the schemes not
     compared), a blank cell one that was not run."""
-    cols, names = _columns(r), list(r.schemes)
+    cols, names = _columns(r), ordered(r)
     acc = np.array([[r.cell(name, t, n)[0] for t, n in cols] for name in names]) / 100
     fig, ax = plt.subplots(figsize=(2.2 + 0.95 * len(cols), 0.9 + 0.27 * len(names)), constrained_layout=True)
     ax.imshow(np.ma.masked_invalid(acc), cmap=_CMAP, vmin=0, vmax=1, aspect="auto")
@@ -64,8 +78,8 @@ def average_table(r: RulerResult) -> HTML:
     cache's size, per cache."""
     head = "".join(f"<th>{n} tokens: all tasks</th><th>{n}: qualifying</th><th>{n}: MB</th>" for n in r.lengths)
     rows = []
-    for name, meta in r.schemes.items():
-        cells = []
+    for name in ordered(r):
+        meta, cells = r.schemes[name], []
         for n in r.lengths:
             for q in (False, True):
                 a, lo, hi = r.average(name, n, qualifying_only=q)
@@ -86,7 +100,7 @@ def cell_table(r: RulerResult) -> HTML:
     head = "".join(f"<th>{html.escape(t)}<br>{n}" + (" <em>(floor)</em>" if not r.qualifies(t, n) else "")
                    + f"<br><small>{len(r.scores(EXACT, t, n))} samples</small></th>" for t, n in cols)
     rows = []
-    for name in r.schemes:
+    for name in ordered(r):
         cells = []
         for t, n in cols:
             a, lo, hi = r.cell(name, t, n)
