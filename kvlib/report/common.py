@@ -145,3 +145,37 @@ def timing_table(timing: dict[str, float]):
                    for k, v in timing_rows(timing))
     return HTML(f'<table id="kvlib-timing" style="font-size:13px"><thead><tr><th>Step</th><th>Time</th></tr></thead>'
                 f'<tbody>{body}</tbody></table>')
+
+
+# Where a label may go, in points from its marker: right, below right, left, above, further out.
+_OFFSETS = [(6, 3), (6, -10), (-6, 3), (-6, -10), (6, 12), (6, -19), (-6, 12), (-6, -19), (14, 22), (14, -28)]
+
+
+def place_labels(fig: Any, ax: Any, points: list[tuple[float, float, str, str]]) -> None:
+    """Label each point at the first offset whose box overlaps no placed label and no other marker."""
+    ax.autoscale_view()
+    fig.canvas.draw()
+    to_px = ax.transData.transform
+    scale = fig.dpi / 72  # points to pixels
+    marks = [to_px((x, y)) for x, y, _, _ in points]
+    placed: list[tuple[float, float, float, float]] = []
+
+    def clear(box):
+        x0, y0, x1, y1 = box
+        if any(x0 < b[2] and b[0] < x1 and y0 < b[3] and b[1] < y1 for b in placed):
+            return False
+        return not any(x0 - 3 < mx < x1 + 3 and y0 - 3 < my < y1 + 3 for mx, my in marks)
+
+    for (x, y, name, color), (px, py) in sorted(zip(points, marks), key=lambda p: (p[1][0], -p[1][1])):
+        w, h = 5.2 * len(name) * scale, 9 * scale
+        for dx, dy in _OFFSETS:
+            bx = px + dx * scale - (w if dx < 0 else 0)
+            by = py + dy * scale
+            box = (bx, by, bx + w, by + h)
+            if clear(box):
+                break
+        placed.append(box)
+        moved = (dx, dy) != _OFFSETS[0]
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=8, color=color,
+                    ha="right" if dx < 0 else "left", va="bottom",
+                    arrowprops=dict(arrowstyle="-", color=color, lw=0.6, shrinkA=1, shrinkB=4) if moved else None)

@@ -13,7 +13,7 @@ from matplotlib.colors import LinearSegmentedColormap
 
 from kvlib.checks.ruler.run import EXACT, RulerResult
 from kvlib.gates import RULER_EXACT_FLOOR
-from kvlib.report.common import Figure, fmt, length_label
+from kvlib.report.common import Figure, fmt, length_label, place_labels
 
 _CMAP = LinearSegmentedColormap.from_list("kvlib_ruler", ["#cf222e", "#f2cc60", "#1a7f37"])
 _PRESS_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#ff7f0e")
@@ -116,7 +116,7 @@ def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
     fig, axes = plt.subplots(1, len(r.lengths), figsize=(8.5 * len(r.lengths), 5.6), squeeze=False,
                              constrained_layout=True)
     for ax, n in zip(axes.flat, r.lengths):
-        placed: list[tuple[float, float]] = []
+        labels: list[tuple[float, float, str, str]] = []
         lines: dict[str, list[tuple[float, float, float, float]]] = {}
         for name, meta in r.schemes.items():
             a, lo, hi = r.average(name, n, qualifying_only=True)
@@ -130,10 +130,7 @@ def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
             yerr = None if math.isnan(lo) else [[a - lo], [hi - a]]
             ax.errorbar([mb], [a], yerr=yerr, fmt=marker, color=color, capsize=3,
                         label=label if not any(h.get_label() == label for h in ax.lines + ax.containers) else None)
-            near = sum(abs(math.log(mb / m)) < 0.06 and abs(a - y) < 5 for m, y in placed)
-            placed.append((mb, a))
-            ax.annotate(name, (mb, a), textcoords="offset points", xytext=(6, -12 - 9 * near) if a > 90 else
-                        (6, 4 + 9 * near), fontsize=7.5, color=color)
+            labels.append((mb, a, name, color))
         for k, (press, pts) in enumerate(sorted(lines.items())):
             pts.sort()
             x, y = [p[0] for p in pts], [p[1] for p in pts]
@@ -149,6 +146,7 @@ def plot_accuracy_vs_bytes(r: RulerResult) -> Figure:
         ax.set_ylabel("RULER average, qualifying tasks (%)")
         ax.set_title(f"{n} tokens")
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)  # below: no point hidden
+        place_labels(fig, ax, labels)  # after the axes' limits: labels clear of each other and the markers
     return Figure(fig, "RULER average against cache size, quantization and eviction, one panel per length")
 
 
